@@ -1,0 +1,44 @@
+# Two commands for a new user: `make demo` (the main job, on the twin: no GPU needed) and
+# `make test` (lint, types, the import contract and the test suite). Each creates the virtual
+# environment with the pinned dependencies of requirements.lock on first use.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+OUT ?= out
+
+.PHONY: demo test lint install clean bench
+
+$(STAMP): requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/chatfleet plan --gpu l4 --model qwen3-8b --weights bf16 --kv-cache bf16
+	$(BIN)/chatfleet plan --gpu l4 --model qwen3-8b --weights fp8 --kv-cache fp8
+	$(BIN)/chatfleet twin sweep --gpu l4 --model qwen3-8b --weights bf16 --kv-cache bf16 \
+		--lengths uniform --range-convention vllm --range-ratio 0.5 \
+		--concurrency 1,2,4,8,16,32,64 --json $(OUT)/twin-l4-bf16.json
+	$(BIN)/chatfleet twin sweep --gpu l4 --model qwen3-8b --weights fp8 --kv-cache fp8 \
+		--lengths uniform --range-convention vllm --range-ratio 0.5 \
+		--concurrency 1,2,4,8,16,32,64 --json $(OUT)/twin-l4-fp8.json
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/twin_speed.py
+
+clean:
+	rm -rf $(VENV) $(OUT)

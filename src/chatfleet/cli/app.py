@@ -1,0 +1,37 @@
+"""`chatfleet`: the root command and its sub-commands."""
+
+from __future__ import annotations
+
+import typer
+
+from chatfleet import __version__
+from chatfleet.cli.plan import plan
+from chatfleet.cli.twin import twin_app
+
+app = typer.Typer(
+    name="chatfleet",
+    help="Size, measure and serve an open chat model on a fleet of small GPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("plan")(plan)
+app.add_typer(twin_app, name="twin")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"chatfleet {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """chatfleet: plan, measure, serve, what-if, check."""
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,95 @@
+"""Shared pieces of the command line: spec lookup, clean errors, atomic JSON writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import orjson
+import typer
+from rich.console import Console
+
+from chatfleet.core.specs import GPU, Model, SpecError, builtin_model, get_gpu, model_from_config
+from chatfleet.core.workload import WorkloadError
+
+console = Console(stderr=True)
+out = Console()
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+@contextmanager
+def clean_errors() -> Iterator[None]:
+    """Bad input becomes a one-line error and exit status 2, never a traceback."""
+    try:
+        yield
+    except (SpecError, WorkloadError, ValueError) as exc:
+        fail(str(exc))
+    except FileNotFoundError as exc:
+        fail(f"file not found: {exc.filename}")
+    except KeyboardInterrupt:
+        console.print("interrupted: finished results are kept")
+        raise typer.Exit(130) from None
+
+
+def load_gpu(name: str) -> GPU:
+    return get_gpu(name)
+
+
+def load_model(name_or_path: str) -> Model:
+    """A built-in model name, or the path of a Hugging Face config.json (or its folder)."""
+    p = Path(name_or_path)
+    if p.is_dir():
+        p = p / "config.json"
+    if p.suffix == ".json" or p.exists():
+        if not p.exists():
+            raise SpecError(f"no config.json at {p}")
+        try:
+            cfg = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"{p} is not valid JSON: {exc}") from exc
+        if not isinstance(cfg, dict):
+            raise SpecError(f"{p} does not hold a JSON object")
+        return model_from_config(p.parent.name or p.stem, cfg)
+    return builtin_model(name_or_path)
+
+
+def parse_list(text: str, cast: Callable[[str], Any], what: str) -> list[Any]:
+    try:
+        values = [cast(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(f"{what} must be a comma-separated list of numbers, not {text!r}")
+    if not values:
+        fail(f"{what} is empty")
+    if any(v <= 0 for v in values):
+        fail(f"every {what} must be positive")
+    return values
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    """Write `doc` so that a reader (or a crash) never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def print_json(doc: Any) -> None:
+    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2
+                                  | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")

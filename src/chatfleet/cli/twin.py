@@ -1,0 +1,206 @@
+"""`chatfleet twin ...`: the engine model in virtual time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from chatfleet.cli.common import (
+    clean_errors,
+    console,
+    fail,
+    load_gpu,
+    load_model,
+    out,
+    parse_list,
+    print_json,
+    write_json_atomic,
+)
+from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.radix import EVICTION_POLICIES
+from chatfleet.core.metrics import SLO, sweep_document
+from chatfleet.core.specs import precision
+from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.twin.run import run_point, target_block
+
+twin_app = typer.Typer(help="The engine twin: SGLang on a given GPU, in virtual time.",
+                       no_args_is_help=True)
+
+
+def parse_arrival(text: str) -> float:
+    """'poisson' -> burstiness 1; 'gamma:B' -> B."""
+    if text == "poisson":
+        return 1.0
+    if text.startswith("gamma:"):
+        try:
+            b = float(text.split(":", 1)[1])
+        except ValueError:
+            fail(f"bad arrival {text!r}: use poisson or gamma:B with B a number")
+        if b <= 0:
+            fail("gamma burstiness must be positive")
+        return b
+    fail(f"bad arrival {text!r}: use poisson or gamma:B")
+
+
+def build_lengths(kind: str, input_len: int, output_len: int, range_ratio: float,
+                  convention: str, length_file: Path | None) -> LengthSpec:
+    if kind in ("fixed", "uniform"):
+        return LengthSpec(kind, input_len, output_len, range_ratio,  # type: ignore[arg-type]
+                          convention)  # type: ignore[arg-type]
+    if kind == "sharegpt":
+        from chatfleet.datasets import cached_sharegpt_length_pairs
+
+        with console.status("loading ShareGPT length pairs (cached after the first run)"):
+            pairs = cached_sharegpt_length_pairs()
+        return LengthSpec("sharegpt", pairs=tuple(pairs))
+    if kind == "file":
+        if length_file is None:
+            fail("--lengths file needs --length-file PATH")
+        from chatfleet.datasets import load_length_file
+
+        return LengthSpec("file", pairs=tuple(load_length_file(length_file)))
+    fail(f"unknown --lengths {kind!r}: fixed, uniform, sharegpt or file")
+
+
+def point_row(p: dict[str, Any]) -> list[str]:
+    load = p["load"]
+    label = (f"{load['concurrency']} users" if load["mode"] == "closed"
+             else f"{load['rate_rps']} rps")
+    thin = " (thin)" if p.get("thin") else ""
+    return [
+        label,
+        f"{p['attainment']:.3f}{thin}",
+        f"{p['goodput_rps']:.2f}",
+        f"{p['output_tok_s']:.0f}",
+        f"{p['ttft_ms']['p50']:.0f} / {p['ttft_ms']['p99']:.0f}",
+        f"{p['tpot_ms']['p50']:.0f} / {p['tpot_ms']['p99']:.0f}",
+        f"{p['itl_ms']['p99']:.0f}",
+        f"{p['engine']['max_running']}",
+        f"{p['engine']['max_queue']}",
+        f"{p['engine']['peak_token_usage']:.2f}",
+    ]
+
+
+def sweep_table(doc: dict[str, Any], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("load", "attainment", "goodput rps", "out tok/s", "TTFT p50/p99 ms",
+                "TPOT p50/p99 ms", "ITL p99 ms", "max running", "max queue", "peak usage"):
+        t.add_column(col, justify="right")
+    for p in doc["points"]:
+        t.add_row(*point_row(p))
+    return t
+
+
+def knee_lines(doc: dict[str, Any]) -> list[str]:
+    k, kr, peak = doc["knee"], doc["knee_rate"], doc["throughput_peak"]
+    lines = []
+    if any(p["load"]["mode"] == "closed" for p in doc["points"]):
+        lines.append(f"closed-loop knee: meets {k['meets']} users, fails {k['fails']} users; "
+                     f"recommended gateway cap: {doc['recommended_cap']}")
+        if peak and peak.get("load") is not None:
+            lines.append(f"throughput peak: {peak['output_tok_s']:.0f} output tok/s at "
+                         f"{peak['load']} users (never the limit)")
+    if any(p["load"]["mode"] == "open" for p in doc["points"]):
+        lines.append(f"open-loop knee: meets {kr['meets']} rps, fails {kr['fails']} rps")
+    return lines
+
+
+@twin_app.command("sweep")
+def sweep(
+    gpu: str = typer.Option("l4", help="GPU name."),
+    model: str = typer.Option("qwen3-8b", help="Built-in model name or path to a config.json."),
+    weights: str = typer.Option("bf16", help="bf16 or fp8."),
+    kv_cache: str = typer.Option("bf16", "--kv-cache", help="bf16 or fp8."),
+    concurrency: str = typer.Option("1,4,8,16,32,64", help="Closed-loop user counts."),
+    rate: str | None = typer.Option(
+        None, help="Open-loop arrival rates (sessions/s), e.g. 0.5,1,2"),
+    arrival: str = typer.Option("poisson", help="poisson or gamma:B (B<1 burstier)."),
+    input_len: int = typer.Option(512, help="User message tokens (fixed/uniform)."),
+    output_len: int = typer.Option(128, help="Answer tokens (fixed/uniform)."),
+    lengths: str = typer.Option("fixed", help="fixed, uniform, sharegpt or file."),
+    range_ratio: float = typer.Option(0.0, help="uniform: --random-range-ratio."),
+    range_convention: str = typer.Option("sglang", help="uniform: sglang ([r*len, len]) or "
+                                         "vllm ([len*(1-r), len*(1+r)])."),
+    length_file: Path | None = typer.Option(
+        None, help="lengths=file: JSONL of input_len/output_len."),
+    system_prompt_tokens: int = typer.Option(2048, help="Shared system prompt tokens."),
+    prompt_groups: int = typer.Option(1, help="Distinct shared system prompts."),
+    turns: int = typer.Option(1, help="Turns per session."),
+    think_time: float = typer.Option(0.0, help="Mean think time between turns, seconds."),
+    reasoning_share: float = typer.Option(0.0, help="Share of each answer that is reasoning "
+                                          "(0: thinking off)."),
+    ramp_up: float = typer.Option(0.0, help="Closed loop: spread user starts over S seconds."),
+    max_running_requests: int | None = typer.Option(None, help="Engine cap (SGLang's flag)."),
+    schedule_policy: str = typer.Option("fcfs", help="fcfs or lpm."),
+    eviction: str = typer.Option("lru", help=f"Radix eviction: {', '.join(EVICTION_POLICIES)}."),
+    host_pool_tokens: int = typer.Option(0, help="HiCache host tier size in tokens (0: off)."),
+    pool_tokens: int | None = typer.Option(None, help="Override the planned KV pool (what-if)."),
+    mem_fraction: float | None = typer.Option(None, help="SGLang's --mem-fraction-static."),
+    duration: float = typer.Option(300.0, help="Measurement window, virtual seconds."),
+    warmup: float = typer.Option(30.0, help="Warm-up before the window, virtual seconds."),
+    seed: int = typer.Option(1, help="Base seed; point i uses seed + i."),
+    thermal: bool = typer.Option(False, "--thermal", help="Switch the thermal model on."),
+    slo_ttft_ms: float = typer.Option(1000.0, help="TTFT target."),
+    slo_tpot_ms: float = typer.Option(100.0, help="Per-token target."),
+    itl_stat: str = typer.Option("mean", help="Per-request statistic: mean (TPOT), p99, max."),
+    attainment: float = typer.Option(0.99, help="Share of requests that must meet the target."),
+    cap_margin: int = typer.Option(0, help="Lower the recommended cap by this many grid steps."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the chatfleet.sweep/1 "
+                                         "document here (rewritten after every point)."),
+    print_doc: bool = typer.Option(False, "--print-json", help="Print the document on stdout."),
+) -> None:
+    """Sweep load points through the twin and find the knee."""
+    with clean_errors():
+        spec = EngineSpec(
+            gpu=load_gpu(gpu), model=load_model(model), precision=precision(weights, kv_cache),
+            mem_fraction=mem_fraction, pool_tokens=pool_tokens,
+            max_running_requests=max_running_requests, schedule_policy=schedule_policy,
+            eviction_policy=eviction, host_pool_tokens=host_pool_tokens, thermal=thermal,
+        )
+        wcfg = WorkloadConfig(
+            system_prompt_tokens=system_prompt_tokens, prompt_groups=prompt_groups,
+            lengths=build_lengths(lengths, input_len, output_len, range_ratio,
+                                  range_convention, length_file),
+            turns=turns, think_time_s=think_time, reasoning_share=reasoning_share,
+            ramp_up_s=ramp_up,
+        )
+        slo = SLO(slo_ttft_ms, slo_tpot_ms, itl_stat, attainment)  # type: ignore[arg-type]
+        loads: list[dict[str, Any]] = [
+            {"mode": "closed", "concurrency": c}
+            for c in parse_list(concurrency, int, "--concurrency")
+        ] if concurrency else []
+        if rate:
+            b = parse_arrival(arrival)
+            loads += [{"mode": "open", "rate_rps": r, "arrival": arrival, "burstiness": b}
+                      for r in parse_list(rate, float, "--rate")]
+        if not loads:
+            fail("nothing to run: give --concurrency or --rate")
+        workload = {**wcfg.to_json(), "duration_s": duration, "warmup_s": warmup, "seed": seed}
+        target = target_block(spec)
+        points: list[dict[str, Any]] = []
+        doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
+        title = (f"twin: {spec.model.name} on {spec.gpu.name}, {spec.precision.label}"
+                 + ("" if spec.gpu.name == "l4" else " (uncalibrated)"))
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task(title, total=len(loads))
+            for i, load in enumerate(loads):
+                res = run_point(spec, wcfg, load, duration_s=duration, warmup_s=warmup,
+                                seed=seed + i, slo=slo)
+                points.append(res.point)
+                doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
+                if json_out is not None:
+                    write_json_atomic(json_out, doc)
+                bar.advance(task)
+    if print_doc:
+        print_json(doc)
+        return
+    out.print(sweep_table(doc, title))
+    for line in knee_lines(doc):
+        out.print(line)
+    if json_out is not None:
+        out.print(f"wrote {json_out}")

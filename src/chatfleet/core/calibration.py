@@ -1,0 +1,242 @@
+"""Every calibration constant of the twin, in one place, with its source.
+
+Measured data (DESIGN.md, an NVIDIA L4 running SGLang v0.5 with Qwen3-8B, concurrency 1,
+closed loop, cache reset, 512 input and 128 output tokens per request):
+
+    BF16 weights + BF16 KV: 13.42 output tok/s, median TTFT 189.16 ms
+    FP8 weights + FP8 KV:   24.53 output tok/s, median TTFT 140.72 ms
+
+These four numbers are the only data the step-time model is fitted on. Everything is derived
+from them by `fit_l4()` below, under two stated assumptions, because one TTFT and one token
+rate per precision cannot separate every constant:
+
+1. ASSUMED_DECODE_FIXED_S: the per-step fixed cost of a CUDA-graph decode step (graph launch,
+   sampling, scheduler bookkeeping not hidden by the overlap scheduler). With it, the BF16 token
+   rate fixes the effective bandwidth. FP8 adds no constant of its own to decode: its decode time
+   follows from its bytes (weights and KV) at that bandwidth.
+2. ASSUMED_BF16_GEMM_EFF: the share of the L4's dense BF16 TFLOPS that a 512-token prefill's
+   GEMMs reach. With it, the BF16 TTFT fixes the prefill fixed cost (per prefill step: request
+   handling, tokenizer hand-off, first-token sampling and detokenising). FP8's TTFT then fixes
+   FP8's one constant of its own, its GEMM efficiency.
+   How far the knee moves if this split is wrong is measured by
+   `benchmarks/calibration_sensitivity.py` and recorded in docs/calibration.md.
+
+Not calibrated at all (no L4 data above batch 1): ASSUMED_EAGER_S, the extra cost of a decode
+step above SGLang's CUDA-graph batch limit (24 on a 24 GB card), when PyTorch launches the
+~700 kernels of a 36-layer step one by one; most of that launch time hides behind the GPU's
+70 ms of weight streaming, so only the exposed part is counted.
+
+Other GPUs reuse the L4's efficiencies and fixed costs on their own datasheet figures and are
+marked uncalibrated until a profile measured on them exists (`chatfleet twin calibrate`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from chatfleet.core.engine.step_time import StepConstants, attention_pairs
+from chatfleet.core.memory import CALIBRATED_GPUS, tier_defaults
+from chatfleet.core.specs import GPU, Model, Precision, builtin_model, get_gpu
+
+
+@dataclass(frozen=True, slots=True)
+class C1Point:
+    """A concurrency-1 calibration point."""
+
+    weights: str
+    kv_cache: str
+    input_tokens: int
+    output_tokens: int
+    output_tok_s: float
+    median_ttft_s: float
+
+    @property
+    def itl_s(self) -> float:
+        """Time per output token after the first: (e2e - TTFT) / (output - 1)."""
+        e2e = self.output_tokens / self.output_tok_s
+        return (e2e - self.median_ttft_s) / (self.output_tokens - 1)
+
+
+L4_C1_POINTS = (
+    C1Point("bf16", "bf16", 512, 128, 13.42, 0.18916),
+    C1Point("fp8", "fp8", 512, 128, 24.53, 0.14072),
+)
+L4_CALIBRATION_MODEL = "qwen3-8b"
+
+ASSUMED_DECODE_FIXED_S = 0.0015
+ASSUMED_BF16_GEMM_EFF = 0.50
+ASSUMED_EAGER_S = 0.004
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The fitted constants for one GPU, per weight dtype where they differ."""
+
+    gpu: str
+    bandwidth_eff: float
+    decode_fixed_s: float
+    prefill_fixed_s: float
+    gemm_eff: dict[str, float]
+    attn_eff: float
+    eager_s: float
+    calibrated: bool
+    source: str
+
+    def constants(self, gpu: GPU, weights: str) -> StepConstants:
+        tier = tier_defaults(gpu.visible_mib)
+        return StepConstants(
+            bandwidth_eff=self.bandwidth_eff,
+            gemm_eff=self.gemm_eff.get(weights, self.gemm_eff["bf16"]),
+            attn_eff=self.attn_eff,
+            decode_fixed_s=self.decode_fixed_s,
+            prefill_fixed_s=self.prefill_fixed_s,
+            eager_s=self.eager_s,
+            cuda_graph_max_bs=tier.cuda_graph_max_bs,
+            chunked_prefill_size=tier.chunked_prefill_size,
+        )
+
+
+def fit_l4(
+    decode_fixed_s: float = ASSUMED_DECODE_FIXED_S,
+    bf16_gemm_eff: float = ASSUMED_BF16_GEMM_EFF,
+    eager_s: float = ASSUMED_EAGER_S,
+    points: tuple[C1Point, ...] = L4_C1_POINTS,
+) -> Calibration:
+    """Fit the L4 constants to the concurrency-1 points under the stated assumptions."""
+    gpu = get_gpu("l4")
+    model = builtin_model(L4_CALIBRATION_MODEL)
+    bf16 = next(p for p in points if p.weights == "bf16")
+    fp8 = next(p for p in points if p.weights == "fp8")
+
+    # 1. Decode: bandwidth from BF16's time per token. The context grows from input+1 to
+    #    input+output-1 over the decode steps; its mean is read once per step.
+    mean_ctx = bf16.input_tokens + bf16.output_tokens / 2
+    bytes_bf16 = (model.streamed_weight_bytes("bf16")
+                  + mean_ctx * model.kv_bytes_per_token(bf16.kv_cache))
+    streaming_s = bf16.itl_s - decode_fixed_s
+    if streaming_s <= 0:
+        raise ValueError("the assumed decode fixed cost exceeds the measured time per token")
+    bandwidth_eff = bytes_bf16 / (streaming_s * gpu.bandwidth_gbs * 1e9)
+
+    # 2. Prefill: fixed cost from BF16's TTFT at the assumed GEMM efficiency.
+    def compute_parts(p: C1Point, gemm_eff: float) -> tuple[float, float, float]:
+        n = p.input_tokens
+        flops = model.forward_flops(n, 1)
+        gemm = flops / (gpu.tflops(p.weights) * 1e12 * gemm_eff)
+        weights = model.streamed_weight_bytes(p.weights) / (
+            gpu.bandwidth_gbs * 1e9 * bandwidth_eff)
+        attn = (attention_pairs(0, n) * 4.0 * model.num_layers * model.num_attention_heads
+                * model.head_dim) / (gpu.bf16_tflops * 1e12 * bf16_gemm_eff)
+        return gemm, weights, attn
+
+    gemm, weights, attn = compute_parts(bf16, bf16_gemm_eff)
+    prefill_fixed_s = bf16.median_ttft_s - max(gemm, weights) - attn
+    if prefill_fixed_s <= 0:
+        raise ValueError("the assumed BF16 GEMM efficiency leaves no prefill fixed cost")
+
+    # 3. FP8's own constant: its GEMM efficiency, from its TTFT.
+    _, weights8, attn8 = compute_parts(fp8, 1.0)
+    gemm8_s = fp8.median_ttft_s - prefill_fixed_s - attn8
+    if gemm8_s <= weights8:
+        raise ValueError(
+            "FP8's TTFT is below the fixed cost plus its weight streaming under this split: "
+            "lower the assumed BF16 GEMM efficiency"
+        )
+    fp8_gemm_eff = model.forward_flops(fp8.input_tokens, 1) / (
+        gemm8_s * gpu.tflops("fp8") * 1e12)
+    return Calibration(
+        gpu="l4",
+        bandwidth_eff=bandwidth_eff,
+        decode_fixed_s=decode_fixed_s,
+        prefill_fixed_s=prefill_fixed_s,
+        gemm_eff={"bf16": bf16_gemm_eff, "fp8": fp8_gemm_eff},
+        attn_eff=bf16_gemm_eff,
+        eager_s=eager_s,
+        calibrated=True,
+        source="DESIGN.md L4 concurrency-1 points (SGLang v0.5, Qwen3-8B); fit_l4()",
+    )
+
+
+L4_CALIBRATION = fit_l4()
+
+
+def calibration_for(gpu: GPU) -> Calibration:
+    """The calibration for a card: measured for the L4, borrowed (uncalibrated) elsewhere."""
+    if gpu.name in CALIBRATED_GPUS:
+        return L4_CALIBRATION
+    return replace(L4_CALIBRATION, gpu=gpu.name, calibrated=False,
+                   source="L4 efficiencies on this card's datasheet figures (uncalibrated)")
+
+
+def step_constants(gpu: GPU, model: Model, prec: Precision,
+                   calibration: Calibration | None = None) -> StepConstants:
+    cal = calibration or calibration_for(gpu)
+    return cal.constants(gpu, prec.weights)
+
+
+# --------------------------------------------------------------------------------------------
+# Thermal profiles (first-order model in engine/thermal.py)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ThermalProfile:
+    """Cooling and clock behaviour of one card.
+
+    Assumptions (all cards): under load the card runs at `loaded_mhz`, the clock its power cap
+    allows; temperature follows dT/dt = (T_ambient + R * P - T) / tau; above `slowdown_c` the
+    driver lowers the SM clock until the power it draws holds the temperature there (HW thermal
+    slowdown). Power at utilisation u and SM clock f: P = idle_w + u * (cap_w - idle_w) * f /
+    loaded_mhz. Prefill (compute-bound) scales with the SM clock. Decode (memory-bound) keeps
+    its speed while the SM clock stays above `mem_bound_floor_mhz`; below it the SMs cannot
+    keep the memory system busy and decode slows in proportion.
+    """
+
+    gpu: str
+    ambient_c: float
+    idle_w: float
+    cap_w: float
+    loaded_mhz: float
+    min_mhz: float
+    slowdown_c: float
+    r_c_per_w: float
+    tau_s: float
+    mem_bound_floor_mhz: float
+    source: str
+
+
+def _l4_thermal() -> ThermalProfile:
+    """L4 (72 W, passive): fitted to DESIGN.md's fact: under a sustained open-loop overload a
+    measured L4 fell from 1,320 to 465 MHz with 70% of samples in thermal slowdown.
+
+    Steady state in slowdown: power(465 MHz, u=1) * R = slowdown - ambient fixes R.
+    Slowdown share: from a cool start (ambient + idle heating) the card spends 30% of a
+    300 s overload run heating up to the slowdown temperature, which fixes tau.
+    """
+    ambient, idle_w, cap_w, loaded, slow, floor_mhz = 35.0, 16.0, 72.0, 1320.0, 87.0, 465.0
+    run_s, slowdown_share = 300.0, 0.70
+    p_floor = idle_w + (cap_w - idle_w) * floor_mhz / loaded
+    r = (slow - ambient) / p_floor
+    start = ambient + r * idle_w
+    final = ambient + r * cap_w
+    # T(t) = final - (final - start) * exp(-t / tau) reaches `slow` at t = (1-share) * run
+    t_hit = (1.0 - slowdown_share) * run_s
+    tau = t_hit / math.log((final - start) / (final - slow))
+    return ThermalProfile("l4", ambient, idle_w, cap_w, loaded, 210.0, slow, r, tau,
+                          mem_bound_floor_mhz=900.0,
+                          source="fitted to DESIGN.md's L4 overload measurement")
+
+
+THERMAL_PROFILES: dict[str, ThermalProfile] = {"l4": _l4_thermal()}
+
+
+def thermal_profile(gpu: GPU) -> ThermalProfile:
+    """The L4's fitted profile; actively cooled or larger cards get one that never throttles
+    at their rated power in a 35 C inlet (uncalibrated)."""
+    if gpu.name in THERMAL_PROFILES:
+        return THERMAL_PROFILES[gpu.name]
+    loaded = gpu.boost_mhz * 0.9
+    r = (80.0 - 35.0) / gpu.power_w  # reaches 80 C at full power: below slowdown
+    return ThermalProfile(gpu.name, 35.0, gpu.power_w * 0.15, gpu.power_w, loaded, 210.0, 87.0,
+                          r, 120.0, loaded * 0.5, source="generic, uncalibrated")

@@ -1,0 +1,65 @@
+"""Build an engine model (scheduler + step time + optional thermal state) for a GPU, model and
+precision: the one recipe the twin and the simserver share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chatfleet.core.calibration import Calibration, step_constants, thermal_profile
+from chatfleet.core.engine.scheduler import Scheduler, SchedulerConfig
+from chatfleet.core.engine.step_time import StepTimeModel
+from chatfleet.core.engine.thermal import ThermalState
+from chatfleet.core.memory import PoolPlan, plan_pool
+from chatfleet.core.specs import GPU, Model, Precision
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    gpu: GPU
+    model: Model
+    precision: Precision
+    mem_fraction: float | None = None
+    pool_tokens: int | None = None  # override the planned pool (what-ifs, cache analysis)
+    max_running_requests: int | None = None
+    schedule_policy: str = "fcfs"
+    eviction_policy: str = "lru"
+    host_pool_tokens: int = 0
+    thermal: bool = False
+    calibration: Calibration | None = None
+
+    def pool_plan(self) -> PoolPlan:
+        return plan_pool(self.gpu, self.model, self.precision.weights, self.precision.kv_cache,
+                         mem_fraction=self.mem_fraction, request_tokens=1,
+                         system_prompt_tokens=0)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "gpu": self.gpu.name,
+            "model": self.model.name,
+            "weights": self.precision.weights,
+            "kv_cache": self.precision.kv_cache,
+            "mem_fraction_static": self.pool_plan().mem_fraction_static,
+            "max_total_num_tokens": self.pool_tokens or self.pool_plan().kv_pool_tokens,
+            "max_running_requests": self.max_running_requests,
+            "schedule_policy": self.schedule_policy,
+            "radix_eviction_policy": self.eviction_policy,
+            "host_pool_tokens": self.host_pool_tokens,
+            "thermal": self.thermal,
+        }
+
+
+def build_scheduler(spec: EngineSpec) -> Scheduler:
+    plan = spec.pool_plan()
+    constants = step_constants(spec.gpu, spec.model, spec.precision, spec.calibration)
+    step_model = StepTimeModel(spec.model, spec.gpu, spec.precision, constants)
+    cfg = SchedulerConfig(
+        pool_tokens=spec.pool_tokens or plan.kv_pool_tokens,
+        chunked_prefill_size=constants.chunked_prefill_size,
+        max_running_requests=spec.max_running_requests,
+        schedule_policy=spec.schedule_policy,
+        eviction_policy=spec.eviction_policy,
+        host_pool_tokens=spec.host_pool_tokens,
+        context_length=spec.model.max_position_embeddings,
+    )
+    thermal = ThermalState(thermal_profile(spec.gpu)) if spec.thermal else None
+    return Scheduler(cfg, step_model, thermal)

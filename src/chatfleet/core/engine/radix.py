@@ -1,0 +1,546 @@
+"""SGLang's radix prefix cache, counting KV slots (page size 1), with an optional host tier.
+
+The tree does not allocate memory: it tracks how many device KV slots its nodes hold. The
+engine's KV pool asks `evictable_size()` and calls `evict(n, now)` when it needs free slots.
+
+Every device token in the tree is either protected (its node is locked by a running request,
+`inc_lock_ref`) or evictable, so `total_size() == evictable_size() + protected_size()`.
+
+Semantics follow SGLang's RadixCache / HiRadixCache:
+
+- `match_prefix` refreshes `last_access_time` of every node it walks through and splits a node
+  when the match ends inside it. Hit counts are bumped by `insert` (as SGLang does when a request
+  is cached), not by `match_prefix`; an insert with `chunked=True` does not bump them.
+- `insert` takes the max of the request priority along the path.
+- `evict` removes unlocked device leaves in policy order until enough tokens are freed; a parent
+  that becomes a leaf joins the candidates. The order is that of SGLang's heap built from the
+  current leaves at evict time; here the heap persists across calls (see `_LeafHeap`).
+- Host tier (HiCache, write-through): every device node is also copied to host when there is
+  room (host-only leaves are evicted LRU to make room). A device-evicted node that has a host
+  copy stays in the tree as host-only; `match_prefix` reports it as `host_len`, and `load_back`
+  (or an `insert` through it) brings it back to the device. Only host-only nodes lose their host
+  copy; a node without one is dropped on device eviction, with any host-only nodes below it.
+
+Eviction keys, smallest evicted first (`seq`, the node creation number, breaks ties; mru and
+filo break them newest first):
+
+- lru: last_access_time; mru: -last_access_time
+- fifo: creation_time; filo: -creation_time
+- lfu: (hit_count, last_access_time)
+- slru: (hit_count >= 2, last_access_time): probationary nodes by LRU, then protected ones
+- priority: (priority, last_access_time); a node's priority is the max over its inserts
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "slru", "priority")
+
+SLRU_PROTECTED_HITS = 2  # SGLang's SLRUStrategy protected_threshold
+
+EvictKey = tuple[float, ...]
+
+Tokens = array  # array('q'): int64 token ids; slices and comparisons run in C (memcmp-like)
+
+
+def as_tokens(tokens: Sequence[int]) -> array[int]:
+    """Token ids as array('q'). Pass arrays to the cache to skip this copy."""
+    if type(tokens) is array and tokens.typecode == "q":
+        return tokens
+    return array("q", tokens)
+
+
+class TreeNode:
+    """A run of tokens. `on_device`: its KV slots are in the device pool; `on_host`: a copy is in
+    the host tier. Every node in the tree is on device, or host-only (then so is its subtree)."""
+
+    __slots__ = (
+        "children",
+        "creation_time",
+        "hit_count",
+        "key",
+        "last_access_time",
+        "lock_ref",
+        "num_device_children",
+        "on_device",
+        "on_host",
+        "parent",
+        "priority",
+        "seq",
+    )
+
+    def __init__(
+        self, key: array[int], parent: TreeNode | None, now: float, seq: int, priority: int = 0
+    ) -> None:
+        self.key = key
+        self.parent = parent  # None for the root and for nodes removed from the tree
+        self.children: dict[int, TreeNode] = {}  # keyed by first token
+        self.lock_ref = 0
+        self.hit_count = 0
+        self.priority = priority
+        self.creation_time = now
+        self.last_access_time = now
+        self.seq = seq
+        self.on_device = True
+        self.on_host = False
+        self.num_device_children = 0
+
+    def __repr__(self) -> str:
+        where = "device" if self.on_device else "host"
+        return f"TreeNode(seq={self.seq}, len={len(self.key)}, {where}, lock_ref={self.lock_ref})"
+
+
+@dataclass(slots=True)
+class MatchResult:
+    node: TreeNode  # deepest matched device node (root if none): lock/unlock/insert with it
+    device_len: int  # prefix tokens resident on the device
+    host_len: int  # further prefix tokens held only on host (need load_back)
+    host_node: TreeNode | None = None  # deepest matched host-only node, None when host_len == 0
+
+
+def _lru_key(node: TreeNode) -> EvictKey:
+    return (node.last_access_time, node.seq)
+
+
+def _lfu_key(node: TreeNode) -> EvictKey:
+    return (node.hit_count, node.last_access_time, node.seq)
+
+
+def _fifo_key(node: TreeNode) -> EvictKey:
+    return (node.creation_time, node.seq)
+
+
+def _mru_key(node: TreeNode) -> EvictKey:
+    return (-node.last_access_time, -node.seq)
+
+
+def _filo_key(node: TreeNode) -> EvictKey:
+    return (-node.creation_time, -node.seq)
+
+
+def _slru_key(node: TreeNode) -> EvictKey:
+    protected = 1 if node.hit_count >= SLRU_PROTECTED_HITS else 0
+    return (protected, node.last_access_time, node.seq)
+
+
+def _priority_key(node: TreeNode) -> EvictKey:
+    return (node.priority, node.last_access_time, node.seq)
+
+
+_EVICT_KEYS: dict[str, Callable[[TreeNode], EvictKey]] = {
+    "lru": _lru_key,
+    "lfu": _lfu_key,
+    "fifo": _fifo_key,
+    "mru": _mru_key,
+    "filo": _filo_key,
+    "slru": _slru_key,
+    "priority": _priority_key,
+}
+
+
+def _common_prefix_len(node_key: array[int], tokens: array[int], pos: int) -> int:
+    """Length of the common prefix of node_key and tokens[pos:], by slice comparisons.
+
+    The caller found the node by its first token, so at least 1 token matches."""
+    hi = len(node_key)
+    if hi <= len(tokens) - pos:
+        if node_key == tokens[pos : pos + hi]:
+            return hi
+    else:
+        hi = len(tokens) - pos
+        if node_key[:hi] == tokens[pos:]:
+            return hi
+    lo = 1  # invariant: node_key[:lo] matches; the mismatch is in [lo, hi)
+    hi -= 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if node_key[lo:mid] == tokens[pos + lo : pos + mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class _LeafHeap:
+    """Eviction candidates in key order, kept across calls.
+
+    A node's key may change while it waits (an access, a hit): `touch` pushes a fresh entry and
+    `pop` skips entries that are stale or whose node is no longer a member. This gives the order
+    of a heap built from the current leaves at evict time, without rebuilding it every call."""
+
+    __slots__ = ("_entries", "_num_pushed", "key_of", "members")
+
+    def __init__(self, key_of: Callable[[TreeNode], EvictKey]) -> None:
+        self.key_of = key_of
+        self.members: set[TreeNode] = set()
+        self._entries: list[tuple[EvictKey, int, TreeNode]] = []
+        self._num_pushed = 0
+
+    def add(self, node: TreeNode) -> None:
+        if node not in self.members:
+            self.members.add(node)
+            self._push(node)
+
+    def discard(self, node: TreeNode) -> None:
+        self.members.discard(node)
+
+    def touch(self, node: TreeNode) -> None:
+        if node in self.members:
+            self._push(node)
+
+    def pop(self) -> TreeNode | None:
+        while self._entries:
+            key, _, node = heapq.heappop(self._entries)
+            if node in self.members and key == self.key_of(node):
+                self.members.remove(node)
+                return node
+        return None
+
+    def clear(self) -> None:
+        self.members.clear()
+        self._entries.clear()
+
+    def _push(self, node: TreeNode) -> None:
+        self._num_pushed += 1
+        heapq.heappush(self._entries, (self.key_of(node), self._num_pushed, node))
+        if len(self._entries) > 2 * len(self.members) + 64:  # drop stale entries
+            start = self._num_pushed
+            self._num_pushed += len(self.members)
+            self._entries = [(self.key_of(x), start + i, x) for i, x in enumerate(self.members)]
+            heapq.heapify(self._entries)
+
+
+class RadixCache:
+    def __init__(self, policy: str = "lru", host_capacity_tokens: int = 0) -> None:
+        policy = policy.lower()
+        if policy not in _EVICT_KEYS:
+            raise ValueError(f"unknown eviction policy {policy!r}; one of {EVICTION_POLICIES}")
+        if host_capacity_tokens < 0:
+            raise ValueError(f"host_capacity_tokens must be >= 0, got {host_capacity_tokens}")
+        self.policy = policy
+        self.host_capacity_tokens = host_capacity_tokens
+        self._evict_key = _EVICT_KEYS[policy]
+        self.num_evicted_tokens = 0  # device tokens evicted (moved to host or dropped)
+        self.num_loaded_back_tokens = 0
+        self.num_host_evicted_tokens = 0  # host copies dropped
+        self._next_seq = 0
+        self.root = self._new_node(array("q"), None, 0.0)
+        self._evictable_size = 0
+        self._protected_size = 0
+        self._host_size = 0
+        self._device_leaves = _LeafHeap(self._evict_key)  # unlocked, on device, no device child
+        self._host_leaves = _LeafHeap(_lru_key)  # host-only, no children
+        self.reset()
+
+    # ----- sizes -----
+
+    def total_size(self) -> int:
+        return self._evictable_size + self._protected_size
+
+    def evictable_size(self) -> int:
+        return self._evictable_size
+
+    def protected_size(self) -> int:
+        return self._protected_size
+
+    def host_size(self) -> int:
+        return self._host_size
+
+    @property
+    def has_host_tier(self) -> bool:
+        return self.host_capacity_tokens > 0
+
+    def reset(self) -> None:
+        """flush_cache: drop every node, device and host. Cumulative counters are kept."""
+        if self._protected_size > 0:
+            raise RuntimeError(f"cannot reset: {self._protected_size} tokens are locked")
+        self.root = self._new_node(array("q"), None, 0.0)
+        self.root.lock_ref = 1  # never evicted, never counted
+        self.root.on_host = True
+        self._evictable_size = 0
+        self._protected_size = 0
+        self._host_size = 0
+        self._device_leaves.clear()
+        self._host_leaves.clear()
+
+    # ----- match / insert -----
+
+    def match_prefix(self, tokens: Sequence[int], now: float) -> MatchResult:
+        key = as_tokens(tokens)
+        node = self.root
+        node.last_access_time = now
+        pos = 0
+        device_node, device_len = node, 0
+        while pos < len(key):  # after a split the next lookup misses (or pos == len(key))
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            child.last_access_time = now
+            self._touch(child)
+            num_matched = _common_prefix_len(child.key, key, pos)
+            if num_matched < len(child.key):
+                child = self._split(child, num_matched, now)
+            node = child
+            pos += num_matched
+            if node.on_device:
+                device_node, device_len = node, pos
+        host_node = node if pos > device_len else None
+        return MatchResult(device_node, device_len, pos - device_len, host_node)
+
+    def insert(
+        self, tokens: Sequence[int], now: float, priority: int = 0, chunked: bool = False
+    ) -> int:
+        """Cache tokens; returns the device tokens added (host-only nodes brought back count).
+
+        `chunked=True` (a chunked-prefill step) does not bump hit counts, as in SGLang."""
+        return self.insert_node(tokens, now, priority, chunked)[0]
+
+    def insert_node(
+        self, tokens: Sequence[int], now: float, priority: int = 0, chunked: bool = False
+    ) -> tuple[int, TreeNode]:
+        """`insert`, also returning the node that ends the inserted sequence (to lock it)."""
+        key = as_tokens(tokens)
+        node = self.root
+        node.last_access_time = now
+        pos = 0
+        num_new = 0
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            child.last_access_time = now
+            num_matched = _common_prefix_len(child.key, key, pos)
+            if num_matched < len(child.key):
+                self._touch(child)  # the tail, maybe a leaf, was accessed too
+                child = self._split(child, num_matched, now)
+            if not child.on_device:
+                num_new += self._move_to_device(child)
+            child.priority = max(child.priority, priority)
+            if not chunked:
+                child.hit_count += 1
+            self._touch(child)
+            if self.has_host_tier and not child.on_host:
+                self._write_through(child)
+            node = child
+            pos += num_matched
+        if pos < len(key):
+            node = self._add_leaf(node, key[pos:], now, priority, chunked)
+            num_new += len(node.key)
+        return num_new, node
+
+    # ----- locking -----
+
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Lock node and its ancestors; returns the change in evictable size (<= 0)."""
+        self._check_attached(node)
+        if not node.on_device:
+            raise ValueError(f"{node} is host-only: load_back before locking it")
+        delta = 0
+        self._device_leaves.discard(node)
+        x = node
+        while x is not self.root:
+            if x.lock_ref == 0:
+                delta -= len(x.key)
+            x.lock_ref += 1
+            assert x.parent is not None
+            x = x.parent
+        self._evictable_size += delta
+        self._protected_size -= delta
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        """Unlock node and its ancestors; returns the change in evictable size (>= 0)."""
+        if node is self.root:
+            return 0
+        if node.lock_ref <= 0:
+            raise ValueError(f"{node} is not locked")
+        delta = 0
+        x = node
+        while x is not self.root:
+            x.lock_ref -= 1
+            if x.lock_ref == 0:
+                delta += len(x.key)
+            assert x.parent is not None
+            x = x.parent
+        self._evictable_size += delta
+        self._protected_size -= delta
+        self._update_evictable_leaf(node)
+        return delta
+
+    # ----- eviction / host tier -----
+
+    def evict(self, num_tokens: int, now: float) -> int:
+        """Evict unlocked device leaves in policy order until num_tokens are freed or nothing is
+        evictable; returns the device tokens freed. `now` does not change any node."""
+        num_freed = 0
+        while num_freed < num_tokens:
+            x = self._device_leaves.pop()
+            if x is None:
+                break
+            parent = x.parent
+            assert parent is not None
+            num_freed += len(x.key)
+            self._evictable_size -= len(x.key)
+            parent.num_device_children -= 1
+            if x.on_host:
+                x.on_device = False
+                if not x.children:
+                    self._host_leaves.add(x)
+            else:
+                self.num_host_evicted_tokens += self._detach(x)
+            if self._is_evictable_leaf(parent):
+                self._device_leaves.add(parent)
+        self.num_evicted_tokens += num_freed
+        return num_freed
+
+    def load_back(self, match: MatchResult, now: float) -> int:
+        """Bring the host-only part of a match back to the device; returns the tokens loaded.
+
+        The caller must have room for them, and should lock `match.node` before evicting to
+        make that room (else it may be evicted too, and then loaded back here as well). The match
+        is updated in place: `node` becomes the deepest matched node, `host_len` 0."""
+        if match.host_node is None:
+            return 0
+        self._check_attached(match.host_node)
+        chain: list[TreeNode] = []
+        x = match.host_node
+        while not x.on_device:
+            chain.append(x)
+            assert x.parent is not None
+            x = x.parent
+        num_loaded = 0
+        for x in reversed(chain):
+            x.last_access_time = now
+            num_loaded += self._move_to_device(x)
+        self.num_loaded_back_tokens += num_loaded
+        match.node = match.host_node
+        match.device_len += match.host_len
+        match.host_len = 0
+        match.host_node = None
+        return num_loaded
+
+    # ----- helpers -----
+
+    def _new_node(
+        self, key: array[int], parent: TreeNode | None, now: float, priority: int = 0
+    ) -> TreeNode:
+        self._next_seq += 1
+        return TreeNode(key, parent, now, self._next_seq, priority)
+
+    def _add_leaf(
+        self, parent: TreeNode, key: array[int], now: float, priority: int, chunked: bool
+    ) -> TreeNode:
+        leaf = self._new_node(key, parent, now, priority)
+        if not chunked:
+            leaf.hit_count = 1
+        parent.children[key[0]] = leaf
+        parent.num_device_children += 1
+        self._device_leaves.discard(parent)
+        self._device_leaves.add(leaf)
+        self._evictable_size += len(key)
+        if self.has_host_tier:
+            self._write_through(leaf)
+        return leaf
+
+    def _split(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
+        """child -> new_node (first split_len tokens) -> child (the rest). Sizes are unchanged."""
+        parent = child.parent
+        assert parent is not None
+        new_node = self._new_node(child.key[:split_len], parent, now, child.priority)
+        new_node.lock_ref = child.lock_ref
+        new_node.hit_count = child.hit_count
+        new_node.on_device = child.on_device
+        new_node.on_host = child.on_host
+        new_node.num_device_children = 1 if child.on_device else 0
+        child.key = child.key[split_len:]
+        child.parent = new_node
+        new_node.children[child.key[0]] = child
+        parent.children[new_node.key[0]] = new_node
+        return new_node
+
+    def _move_to_device(self, node: TreeNode) -> int:
+        """A host-only node (whose parent is on device) comes back to the device, unlocked."""
+        parent = node.parent
+        assert parent is not None and parent.on_device and node.lock_ref == 0
+        node.on_device = True
+        parent.num_device_children += 1
+        self._device_leaves.discard(parent)
+        self._host_leaves.discard(node)
+        self._device_leaves.add(node)  # no device child yet
+        self._evictable_size += len(node.key)
+        return len(node.key)
+
+    def _write_through(self, node: TreeNode) -> None:
+        """Copy a device node to host if there is (or LRU host eviction makes) room for it."""
+        need = len(node.key)
+        if need > self.host_capacity_tokens:
+            return
+        num_free = self.host_capacity_tokens - self._host_size
+        if num_free < need:
+            self._evict_host(need - num_free)
+            num_free = self.host_capacity_tokens - self._host_size
+        if num_free >= need:
+            node.on_host = True
+            self._host_size += need
+
+    def _evict_host(self, num_tokens: int) -> int:
+        """Drop host-only leaves, least recently used first; returns host tokens freed."""
+        num_freed = 0
+        while num_freed < num_tokens:
+            x = self._host_leaves.pop()
+            if x is None:
+                break
+            parent = x.parent
+            assert parent is not None
+            num_freed += self._detach(x)
+            if not parent.on_device and not parent.children:
+                self._host_leaves.add(parent)
+        self.num_host_evicted_tokens += num_freed
+        return num_freed
+
+    def _detach(self, node: TreeNode) -> int:
+        """Remove node (off device by now) and its host-only subtree; returns host tokens freed."""
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.key[0]]
+        node.parent = None
+        num_freed = 0
+        stack = [node]
+        while stack:
+            x = stack.pop()
+            if x.on_host:
+                num_freed += len(x.key)
+            self._host_leaves.discard(x)
+            stack.extend(x.children.values())
+        self._host_size -= num_freed
+        return num_freed
+
+    def _is_evictable_leaf(self, node: TreeNode) -> bool:
+        return (
+            node.on_device
+            and node.lock_ref == 0
+            and node.num_device_children == 0
+            and node is not self.root
+        )
+
+    def _update_evictable_leaf(self, node: TreeNode) -> None:
+        if self._is_evictable_leaf(node):
+            self._device_leaves.add(node)
+        else:
+            self._device_leaves.discard(node)
+
+    def _touch(self, node: TreeNode) -> None:
+        """Call after changing a node's access time, hit count or priority."""
+        self._device_leaves.touch(node)
+        self._host_leaves.touch(node)
+
+    def _check_attached(self, node: TreeNode) -> None:
+        x = node
+        while x.parent is not None:
+            x = x.parent
+        if x is not self.root:
+            raise ValueError(f"{node} is no longer in the tree (evicted or reset)")

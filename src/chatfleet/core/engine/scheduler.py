@@ -1,0 +1,537 @@
+"""SGLang's scheduler (v0.5), modelled step by step, with the radix cache and the KV pool.
+
+Rules (DESIGN.md, and SGLang's scheduler.py / schedule_policy.py):
+- Prefill first: whenever a prefill batch can be formed it runs, and decode stalls meanwhile.
+  No mixed batches. Prefill batches hold at most `chunked_prefill_size` new tokens; a longer
+  prompt is chunked and its chunks continue first in the following prefill batches.
+- Admission (PrefillAdder): budget = free + evictable tokens minus, over running requests,
+  min(max_new - generated, 4096) x new_token_ratio; a waiting request is admitted when its
+  extend length + min(max_new, 4096) fits; the first that does not stops the round (FCFS).
+  LPM orders the queue by longest cached prefix and falls back to FCFS above 128 waiting.
+- new_token_ratio starts at 0.7 and falls by (0.7 - 0.098) / 600 per decode step to 0.098;
+  it returns to 0.7 when nothing runs.
+- A decode step needs one KV slot per running request. When free + evictable cannot give it,
+  requests are retracted (shortest output so far first, then longest input) back to the front of
+  the queue until free + evictable >= 20 x running; the ratio is reset to
+  min(1, (decoded + 20 x running) / sum of max_new); retracted requests are prefilled again with
+  their outputs so far and lose nothing else.
+- CUDA graphs cover decode batches up to cuda_graph_max_bs; the step-time model adds the eager
+  cost above it.
+
+Decode is kept O(1) per step: the scheduler never walks the running batch per token. Each
+running request remembers the global decode step at which its current decode segment started
+(`join_step`); its generated count, its KV slots and the batch's context length follow from
+running sums. Token times are the global step end times from `join_step` on.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from chatfleet.core.engine.kv_pool import KVPool
+from chatfleet.core.engine.radix import RadixCache, as_tokens
+from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.engine.step_time import StepTimeModel, attention_pairs
+from chatfleet.core.engine.thermal import ThermalState
+
+CLIP_MAX_NEW_TOKENS = 4096
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    pool_tokens: int
+    chunked_prefill_size: int = 2048
+    max_running_requests: int | None = None  # None: SGLang's default, pool // 2
+    schedule_policy: str = "fcfs"
+    eviction_policy: str = "lru"
+    host_pool_tokens: int = 0
+    load_back_threshold: int = 10  # HiCache loads a host prefix back only above this many tokens
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.098
+    new_token_ratio_decay_steps: int = 600
+    retract_decode_steps: int = 20
+    lpm_fallback_queue: int = 128
+    context_length: int = 40960
+
+    def __post_init__(self) -> None:
+        if self.pool_tokens <= 0:
+            raise ValueError("pool_tokens must be positive")
+        if self.chunked_prefill_size <= 0:
+            raise ValueError("chunked_prefill_size must be positive")
+        if self.max_running_requests is not None and self.max_running_requests <= 0:
+            raise ValueError("max_running_requests must be positive")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"unknown schedule policy {self.schedule_policy!r}")
+        if self.host_pool_tokens < 0:
+            raise ValueError("host pool tokens must not be negative")
+
+    @property
+    def max_running(self) -> int:
+        return self.max_running_requests or max(1, self.pool_tokens // 2)
+
+
+@dataclass(slots=True)
+class Step:
+    kind: Literal["prefill", "decode"]
+    start: float
+    duration: float
+    batch: list[tuple[EngineRequest, int]] = field(default_factory=list)  # prefill: (req, extend)
+    num_decode: int = 0
+    num_prefill_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_waiting: int = 0  # queue at scheduling time: what prefill-first could not admit
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+@dataclass(slots=True)
+class StepResult:
+    step: Step
+    first_tokens: list[EngineRequest] = field(default_factory=list)  # a prefill sampled a token
+    finished: list[EngineRequest] = field(default_factory=list)
+    retracted: list[EngineRequest] = field(default_factory=list)
+
+
+# One log row per step, as SGLang's scheduler logs them.
+LOG_FIELDS = ("time", "kind", "batch", "prefill_tokens", "decode_tokens", "running", "queue",
+              "token_usage", "cache_hit_rate", "sm_clock_mhz", "temp_c", "power_w",
+              "thermal_slowdown")
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, step_model: StepTimeModel,
+                 thermal: ThermalState | None = None) -> None:
+        self.cfg = cfg
+        self.step_model = step_model
+        self.thermal = thermal
+        self.pool = KVPool(cfg.pool_tokens)
+        self.tree = RadixCache(cfg.eviction_policy, cfg.host_pool_tokens)
+        self.waiting: list[EngineRequest] = []
+        self.running: dict[str, EngineRequest] = {}
+        self.chunked: EngineRequest | None = None
+        self.in_flight: Step | None = None
+        self.new_token_ratio = cfg.init_new_token_ratio
+        self.ratio_decay = (cfg.init_new_token_ratio - cfg.min_new_token_ratio) / max(
+            1, cfg.new_token_ratio_decay_steps)
+        self.num_decode_steps = 0  # completed
+        self.step_end_times: list[float] = []
+        self.log: list[tuple[object, ...]] = []
+        self._finish_heap: list[tuple[int, int, int, EngineRequest]] = []
+        self._seq = 0
+        # running sums over `running` (decode requests)
+        self._sum_fill = 0
+        self._sum_join = 0
+        self._sum_gen_base = 0
+        self._sum_max_new = 0
+        self._busy_until = 0.0
+        self.num_prefill_input_tokens = 0
+        self.num_prefill_cached_tokens = 0
+        self.num_retractions = 0
+        self._pending_retracted: list[EngineRequest] = []
+
+    # --- requests in and out -------------------------------------------------------------
+    def check_request(self, prompt_len: int, max_new_tokens: int) -> str | None:
+        """Why this request can never run here, or None."""
+        if prompt_len <= 0:
+            return "the prompt is empty"
+        if max_new_tokens <= 0:
+            return "max_new_tokens must be positive"
+        if prompt_len + max_new_tokens > self.cfg.context_length:
+            return (f"prompt ({prompt_len}) plus max_new_tokens ({max_new_tokens}) exceeds the "
+                    f"context length ({self.cfg.context_length})")
+        if prompt_len + max_new_tokens > self.pool.capacity_tokens:
+            return (f"prompt ({prompt_len}) plus max_new_tokens ({max_new_tokens}) exceeds the "
+                    f"KV pool ({self.pool.capacity_tokens} tokens)")
+        return None
+
+    def add_request(self, req: EngineRequest, now: float) -> None:
+        why = self.check_request(req.prompt_len, req.max_new_tokens)
+        if why is not None:
+            raise ValueError(why)
+        if req.output_len < 1 or req.output_len > req.max_new_tokens:
+            raise ValueError("output_ids must hold between 1 and max_new_tokens tokens")
+        req.arrival_time = now
+        req.state = "waiting"
+        req.prompt = as_tokens(req.prompt)
+        req.output_ids = as_tokens(req.output_ids)
+        req.fill = req.prompt
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> EngineRequest | None:
+        """Drop a request wherever it is and free its KV at once."""
+        for i, req in enumerate(self.waiting):
+            if req.rid == rid:
+                del self.waiting[i]
+                req.state = "aborted"
+                return req
+        if self.chunked is not None and self.chunked.rid == rid:
+            req = self.chunked
+            self.chunked = None
+            self._drop_prefilling(req)
+            return req
+        req_or_none = self.running.pop(rid, None)
+        if req_or_none is not None:
+            req = req_or_none
+            self._leave_running(req)
+            self._release(req, own=self._own_decode_slots(req))
+            req.state = "aborted"
+            self._close_segment(req)
+            return req
+        if self.in_flight is not None:
+            for req, _ in self.in_flight.batch:
+                if req.rid == rid and req.state == "prefilling":
+                    req.state = "aborted"  # cleaned up when the step completes
+                    return req
+        return None
+
+    def _drop_prefilling(self, req: EngineRequest) -> None:
+        self._release(req, own=req.num_own_tokens)
+        req.num_own_tokens = 0
+        req.state = "aborted"
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked)
+
+    def num_queued(self) -> int:
+        return len(self.waiting)
+
+    def flush(self) -> bool:
+        """SGLang's /flush_cache: refused while anything runs or waits."""
+        if self.has_work() or self.in_flight is not None:
+            return False
+        self.tree.reset()
+        return True
+
+    # --- accounting helpers --------------------------------------------------------------
+    def free_tokens(self) -> int:
+        return self.pool.num_free_tokens(self.tree.total_size())
+
+    def token_usage(self) -> float:
+        used = self.pool.capacity_tokens - self.free_tokens() - self.tree.evictable_size()
+        return used / self.pool.capacity_tokens
+
+    def _own_decode_slots(self, req: EngineRequest) -> int:
+        steps_scheduled = self.num_decode_steps + (
+            1 if self.in_flight is not None and self.in_flight.kind == "decode" else 0)
+        return steps_scheduled - req.join_step
+
+    def _generated(self, req: EngineRequest) -> int:
+        return req.gen_base + self.num_decode_steps - req.join_step
+
+    def _release(self, req: EngineRequest, own: int) -> None:
+        if own:
+            self.pool.free(own)
+        if req.prefix_node is not None:
+            self.tree.dec_lock_ref(req.prefix_node)
+            req.prefix_node = None
+
+    def _ensure_free(self, tokens: int, now: float) -> None:
+        short = tokens - self.free_tokens()
+        if short > 0:
+            self.tree.evict(short, now)
+            if self.free_tokens() < tokens:
+                raise RuntimeError("KV pool exhausted: admission let in more than fits")
+
+    def _enter_running(self, req: EngineRequest) -> None:
+        req.state = "running"
+        req.join_step = self.num_decode_steps
+        self.running[req.rid] = req
+        self._sum_fill += len(req.fill)
+        self._sum_join += req.join_step
+        self._sum_gen_base += req.gen_base
+        self._sum_max_new += min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
+        finish_step = req.join_step + req.output_len - req.gen_base - 1
+        self._seq += 1
+        heapq.heappush(self._finish_heap, (finish_step, self._seq, req.join_step, req))
+
+    def _leave_running(self, req: EngineRequest) -> None:
+        self._sum_fill -= len(req.fill)
+        self._sum_join -= req.join_step
+        self._sum_gen_base -= req.gen_base
+        self._sum_max_new -= min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
+        if not self.running:
+            self.new_token_ratio = self.cfg.init_new_token_ratio
+
+    def _close_segment(self, req: EngineRequest) -> None:
+        if req.segments and req.segments[-1][2] is None:
+            req.segments[-1][2] = self.num_decode_steps
+
+    def _reserved_for_running(self) -> float:
+        n = len(self.running)
+        generated = self._sum_gen_base + n * self.num_decode_steps - self._sum_join
+        return max(0, self._sum_max_new - generated) * self.new_token_ratio
+
+    # --- scheduling ----------------------------------------------------------------------
+    def schedule(self, now: float) -> Step | None:
+        """Choose the next batch, reserve its KV, and return it with its modelled duration."""
+        if self.in_flight is not None:
+            raise RuntimeError("a step is already running")
+        if self.thermal is not None and now > self._busy_until:
+            self.thermal.advance(now - self._busy_until, 0.0)
+            self._busy_until = now
+        step = self._schedule_prefill(now)
+        if step is None and self.running:
+            step = self._schedule_decode(now)
+        if step is not None:
+            self.in_flight = step
+        return step
+
+    def _queue_order(self, now: float) -> list[EngineRequest]:
+        if self.cfg.schedule_policy == "lpm" and len(self.waiting) <= self.cfg.lpm_fallback_queue:
+            keyed = [(-self.tree.match_prefix(r.fill, now).device_len, i, r)
+                     for i, r in enumerate(self.waiting)]
+            keyed.sort(key=lambda k: (k[0], k[1]))
+            return [r for _, _, r in keyed]
+        return self.waiting
+
+    def _schedule_prefill(self, now: float) -> Step | None:
+        cfg = self.cfg
+        if self.chunked is None and not self.waiting:
+            return None
+        rem_chunk = cfg.chunked_prefill_size
+        reserved = self._reserved_for_running()  # plus what this round admits
+        batch: list[tuple[EngineRequest, int]] = []
+        pairs = 0.0
+        cached_read = 0
+        logits = 0
+        load_back = 0
+        new_cached = 0
+        candidates: Sequence[EngineRequest]
+        candidates = self._queue_order(now)
+        if self.chunked is not None:
+            candidates = [self.chunked, *candidates]
+        admitted: list[EngineRequest] = []
+        for req in candidates:
+            if req is not self.chunked and len(self.running) + len(batch) >= cfg.max_running:
+                break
+            if rem_chunk <= 0:
+                break
+            if req is self.chunked:
+                prefix = req.num_computed
+                loaded = 0
+            else:
+                m = self.tree.match_prefix(req.fill, now)
+                # SGLang always computes the last prompt token (its logits are sampled)
+                prefix = min(m.device_len, len(req.fill) - 1)
+                loaded = m.host_len if m.host_len > cfg.load_back_threshold else 0
+                extend_all = len(req.fill) - prefix - loaded
+                remaining_new = req.max_new_tokens - req.gen_base
+                total = extend_all + min(remaining_new, CLIP_MAX_NEW_TOKENS)
+                # lock first: the budget shrinks when the prefix stops being evictable
+                self.tree.inc_lock_ref(m.node)
+                rem_total = self.free_tokens() + self.tree.evictable_size() - reserved
+                if total + loaded >= rem_total:
+                    self.tree.dec_lock_ref(m.node)
+                    break
+                if loaded:
+                    self._ensure_free(loaded, now)
+                    self.tree.load_back(m, now)
+                    old_node = m.node
+                    m = self.tree.match_prefix(req.fill, now)
+                    self.tree.inc_lock_ref(m.node)
+                    self.tree.dec_lock_ref(old_node)
+                    prefix = min(m.device_len, len(req.fill) - 1)
+                    req.num_loaded_back_tokens += loaded
+                    load_back += loaded
+                req.prefix_node = m.node
+                req.num_computed = prefix
+                if not req.seen_by_admission:
+                    req.num_cached_tokens = prefix
+                    req.seen_by_admission = True
+                    self.num_prefill_input_tokens += len(req.fill)
+                    self.num_prefill_cached_tokens += prefix
+                    new_cached += prefix
+                reserved += total
+                admitted.append(req)
+            extend = min(len(req.fill) - prefix, rem_chunk)
+            self._ensure_free(extend, now)
+            self.pool.allocate(extend)
+            req.num_own_tokens = extend
+            req.state = "prefilling"
+            batch.append((req, extend))
+            rem_chunk -= extend
+            pairs += attention_pairs(prefix, extend)
+            cached_read += prefix
+            if prefix + extend >= len(req.fill):
+                logits += 1
+            else:
+                self.chunked = req  # the rest of its prompt goes first in the next batches
+                break
+        for req in admitted:
+            self.waiting.remove(req)
+        if not batch:
+            return None
+        new_tokens = sum(e for _, e in batch)
+        sm, mem = self._clock_factors()
+        duration = self.step_model.prefill_s(new_tokens, pairs, cached_read, logits, load_back,
+                                             sm, mem)
+        return Step("prefill", now, duration, batch=batch, num_prefill_tokens=new_tokens,
+                    num_cached_tokens=new_cached, num_waiting=len(self.waiting))
+
+    def _schedule_decode(self, now: float) -> Step:
+        retracted = self._retract_if_needed(now)
+        n = len(self.running)
+        if n == 0:
+            # everything was retracted; the requeued work goes through prefill
+            step = self._schedule_prefill(now)
+            if step is None:
+                raise RuntimeError("retraction left nothing schedulable")
+            return step
+        self._ensure_free(n, now)
+        self.pool.allocate(n)
+        # each request attends over its prefill, its decoded tokens and the token of this step
+        kv_tokens = self._sum_fill + n * (self.num_decode_steps + 1) - self._sum_join
+        sm, mem = self._clock_factors()
+        duration = self.step_model.decode_s(n, kv_tokens, sm, mem)
+        step = Step("decode", now, duration, num_decode=n, num_waiting=len(self.waiting))
+        self._pending_retracted = retracted
+        return step
+
+    def _retract_if_needed(self, now: float) -> list[EngineRequest]:
+        n = len(self.running)
+        if self.free_tokens() + self.tree.evictable_size() >= n:
+            return []
+        cfg = self.cfg
+        order = sorted(
+            self.running.values(),
+            key=lambda r: (self._generated(r), -r.prompt_len),
+            reverse=True,
+        )
+        retracted: list[EngineRequest] = []
+        while order and len(order) > 1:
+            if self.free_tokens() + self.tree.evictable_size() >= cfg.retract_decode_steps * len(
+                    order):
+                break
+            req = order.pop()
+            generated = self._generated(req)
+            del self.running[req.rid]
+            self._leave_running(req)
+            self._release(req, own=self._own_decode_slots(req))
+            self._close_segment(req)
+            req.state = "waiting"
+            req.fill = as_tokens(req.prompt) + as_tokens(req.output_ids)[:generated]
+            req.gen_base = generated
+            req.num_computed = 0
+            req.num_retractions += 1
+            self.num_retractions += 1
+            retracted.append(req)
+        self.waiting[:0] = reversed(retracted)
+        total_max_new = self._sum_max_new
+        decoded = self._sum_gen_base + len(self.running) * self.num_decode_steps - self._sum_join
+        if total_max_new > 0:
+            self.new_token_ratio = min(
+                1.0, (decoded + cfg.retract_decode_steps * len(self.running)) / total_max_new)
+        return retracted
+
+    def _clock_factors(self) -> tuple[float, float]:
+        if self.thermal is None:
+            return 1.0, 1.0
+        return self.thermal.sm_factor, self.thermal.mem_factor
+
+    # --- completing a step ---------------------------------------------------------------
+    def complete(self, now: float) -> StepResult:
+        """Apply the in-flight step's effects at its end time `now`."""
+        step = self.in_flight
+        if step is None:
+            raise RuntimeError("no step is running")
+        self.in_flight = None
+        if self.thermal is not None:
+            self.thermal.advance(now - step.start, 1.0)
+            self._busy_until = now
+        result = StepResult(step)
+        if step.kind == "prefill":
+            self._complete_prefill(step, now, result)
+        else:
+            self._complete_decode(now, result)
+            result.retracted = self._pending_retracted
+            self._pending_retracted = []
+        self._log(step, now)
+        return result
+
+    def _complete_prefill(self, step: Step, now: float, result: StepResult) -> None:
+        for req, extend in step.batch:
+            if req.state == "aborted":
+                if self.chunked is req:
+                    self.chunked = None
+                self._release(req, own=req.num_own_tokens)
+                req.num_own_tokens = 0
+                continue
+            req.num_computed += extend
+            # cache_unfinished_req: the computed part joins the tree and stays locked
+            done = req.fill[: req.num_computed]
+            _, node = self.tree.insert_node(done, now, req.priority,
+                                            chunked=req.num_computed < len(req.fill))
+            self.pool.free(req.num_own_tokens)
+            req.num_own_tokens = 0
+            old = req.prefix_node
+            self.tree.inc_lock_ref(node)
+            if old is not None:
+                self.tree.dec_lock_ref(old)
+            req.prefix_node = node
+            if req.num_computed < len(req.fill):
+                continue  # more chunks to come
+            if self.chunked is req:
+                self.chunked = None
+            req.gen_base += 1
+            req.segments.append([now, self.num_decode_steps, None])
+            if req.first_token_time is None:
+                req.first_token_time = now
+            result.first_tokens.append(req)
+            if req.gen_base >= req.output_len:
+                self._finish(req, now, result)
+            else:
+                self._enter_running(req)
+
+    def _complete_decode(self, now: float, result: StepResult) -> None:
+        self.num_decode_steps += 1
+        self.step_end_times.append(now)
+        self.new_token_ratio = max(self.cfg.min_new_token_ratio,
+                                   self.new_token_ratio - self.ratio_decay)
+        last = self.num_decode_steps - 1
+        heap = self._finish_heap
+        while heap and heap[0][0] <= last:
+            _, _, join, req = heapq.heappop(heap)
+            if req.state != "running" or req.join_step != join or req.rid not in self.running:
+                continue  # stale: retracted or aborted since
+            del self.running[req.rid]
+            self._leave_running(req)
+            self._close_segment(req)
+            self._finish(req, now, result, own=self.num_decode_steps - req.join_step)
+
+    def _finish(self, req: EngineRequest, now: float, result: StepResult, own: int = 0) -> None:
+        # cache_finished_req: prompt + outputs but the last (which has no KV) join the tree
+        seq = as_tokens(req.prompt) + as_tokens(req.output_ids)[: req.output_len - 1]
+        self.tree.insert(seq, now, req.priority)
+        self._release(req, own=own)
+        req.state = "finished"
+        req.finish_time = now
+        result.finished.append(req)
+
+    def _log(self, step: Step, now: float) -> None:
+        hit = (self.num_prefill_cached_tokens / self.num_prefill_input_tokens
+               if self.num_prefill_input_tokens else 0.0)
+        th = self.thermal
+        self.log.append((
+            now, step.kind, len(step.batch) if step.kind == "prefill" else step.num_decode,
+            step.num_prefill_tokens, step.num_decode, len(self.running), step.num_waiting,
+            self.token_usage(), hit,
+            th.sm_mhz if th else None, th.temp_c if th else None, th.power_w if th else None,
+            th.slowdown if th else False,
+        ))
+
+    # --- results -------------------------------------------------------------------------
+    def token_times(self, req: EngineRequest) -> list[float]:
+        """Every output token's emission time (first included), from the step log."""
+        out: list[float] = []
+        ends = self.step_end_times
+        for first, start, end in req.segments:
+            out.append(first)
+            stop = self.num_decode_steps if end is None else end
+            out.extend(ends[start:stop])
+        return out

@@ -1,0 +1,113 @@
+"""How long one scheduler step takes on a given GPU, model and precision.
+
+Decode step (one token for each of `batch` running requests):
+
+    fixed_decode
+    + max(streamed weight bytes + KV bytes read, over effective bandwidth;
+          dense FLOPs of `batch` tokens over effective FLOPS)
+    + eager cost when batch > cuda_graph_max_bs (no CUDA graph: kernels launched one by one)
+
+Prefill step (a batch of at most chunked_prefill_size new tokens):
+
+    fixed_prefill
+    + max(streamed weight bytes over effective bandwidth, dense FLOPs over effective FLOPS)
+    + attention: causal QK^T/PV FLOPs over effective BF16 FLOPS, plus the cached prefix's KV read
+    + host-tier load-back: bytes over PCIe
+
+Compute-bound parts scale with the SM clock and memory-bound parts with the memory clock
+(`sm_factor` and `mem_factor`, both >= 1 as slow-down multipliers; 1 at the calibration clock).
+The constants come from `chatfleet.core.calibration`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chatfleet.core.specs import GPU, Model, Precision
+
+
+@dataclass(frozen=True, slots=True)
+class StepConstants:
+    """Per GPU x model x precision. See calibration.py for where each value comes from."""
+
+    bandwidth_eff: float  # share of datasheet memory bandwidth achieved by streaming kernels
+    gemm_eff: float  # share of datasheet dense TFLOPS (of the weight dtype) achieved by GEMMs
+    attn_eff: float  # share of dense BF16 TFLOPS achieved by attention kernels
+    decode_fixed_s: float
+    prefill_fixed_s: float
+    eager_s: float  # added per decode step above the CUDA-graph batch limit
+    cuda_graph_max_bs: int
+    chunked_prefill_size: int
+
+
+class StepTimeModel:
+    def __init__(self, model: Model, gpu: GPU, prec: Precision, c: StepConstants) -> None:
+        self.model = model
+        self.gpu = gpu
+        self.precision = prec
+        self.constants = c
+        bw = gpu.bandwidth_gbs * 1e9 * c.bandwidth_eff  # bytes/s
+        self.bytes_per_s = bw
+        self.weights_s = model.streamed_weight_bytes(prec.weights) / bw
+        self.kv_bytes_per_token = model.kv_bytes_per_token(prec.kv_cache)
+        self.kv_read_s_per_token = self.kv_bytes_per_token / bw
+        self.gemm_flops_per_s = gpu.tflops(prec.weights) * 1e12 * c.gemm_eff
+        self.attn_flops_per_s = gpu.bf16_tflops * 1e12 * c.attn_eff
+        self.decode_flop_s_per_token = 2.0 * (model.linear_params + model.vocab_size
+                                              * model.hidden_size) / self.gemm_flops_per_s
+        self.attn_flops_per_pair = (4.0 * model.num_layers * model.num_attention_heads
+                                    * model.head_dim)
+        self.pcie_bytes_per_s = gpu.pcie_gbs * 1e9
+        self.cuda_graph_max_bs = c.cuda_graph_max_bs
+        self.chunked_prefill_size = c.chunked_prefill_size
+
+    def decode_s(self, batch: int, kv_tokens: int, sm_factor: float = 1.0,
+                 mem_factor: float = 1.0) -> float:
+        """One decode step for `batch` requests whose contexts hold `kv_tokens` in all."""
+        c = self.constants
+        memory = (self.weights_s + kv_tokens * self.kv_read_s_per_token) * mem_factor
+        compute = batch * self.decode_flop_s_per_token * sm_factor
+        t = c.decode_fixed_s + (memory if memory > compute else compute)
+        if batch > self.cuda_graph_max_bs:
+            t += c.eager_s
+        return t
+
+    def prefill_s(self, new_tokens: int, attn_pairs: float, cached_read_tokens: int,
+                  logits_tokens: int, load_back_tokens: int = 0, sm_factor: float = 1.0,
+                  mem_factor: float = 1.0) -> float:
+        """One prefill step.
+
+        new_tokens: tokens computed in this step (all requests of the batch);
+        attn_pairs: sum over the batch of query x key pairs (causal), see attention_pairs();
+        cached_read_tokens: KV tokens read from the cache (the prefix before each chunk);
+        logits_tokens: requests whose last prompt token is in this step (lm_head is run there);
+        load_back_tokens: tokens brought back from the host tier before the step.
+        """
+        c = self.constants
+        m = self.model
+        weights = self.weights_s * mem_factor
+        flops = (2.0 * m.linear_params * new_tokens
+                 + 2.0 * m.vocab_size * m.hidden_size * logits_tokens)
+        gemm = flops / self.gemm_flops_per_s * sm_factor
+        attn = attn_pairs * self.attn_flops_per_pair / self.attn_flops_per_s * sm_factor
+        kv_read = cached_read_tokens * self.kv_read_s_per_token * mem_factor
+        load = load_back_tokens * self.kv_bytes_per_token / self.pcie_bytes_per_s
+        return c.prefill_fixed_s + (weights if weights > gemm else gemm) + attn + kv_read + load
+
+    def recompute_s(self, tokens: int) -> float:
+        """Prefill time of `tokens` with no cached prefix, in chunks: what a session pays to
+        recompute its history on a replica that does not hold it."""
+        total = 0.0
+        done = 0
+        chunk = self.chunked_prefill_size
+        while done < tokens:
+            n = min(chunk, tokens - done)
+            total += self.prefill_s(n, attention_pairs(done, n), done, 1 if done + n >= tokens
+                                    else 0)
+            done += n
+        return total
+
+
+def attention_pairs(context_before: int, new_tokens: int) -> float:
+    """Query-key pairs of `new_tokens` attending causally after `context_before` tokens."""
+    return new_tokens * context_before + new_tokens * (new_tokens + 1) / 2

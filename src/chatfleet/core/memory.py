@@ -1,0 +1,176 @@
+"""KV pool sizing, the way SGLang sizes it.
+
+SGLang (model_runner.profile_max_num_token) measures P, the free GPU memory before the weights
+load, and after loading them keeps `rest = available - P * (1 - m)` for the KV pool:
+
+    max_total_num_tokens = floor((P * m - W) * 2**30 / kv_bytes_per_token)
+
+with m = mem_fraction_static and W the weights in GiB. When the user does not set m, SGLang
+derives it from the card's memory tier (server_args._handle_gpu_memory_settings, v0.5): the tier
+fixes chunked_prefill_size and cuda_graph_max_bs, and
+
+    reserved_mib = 512 + max(chunked_prefill_size, 2048) * 1.5 + cuda_graph_max_bs * 2
+                   + tp * pp / 8 * 1024            (at least 10 GiB on cards above 60 GiB)
+    m = round((total_mib - reserved_mib) / total_mib, 3)
+
+P is the visible total minus what the CUDA context and PyTorch take before the weights load
+(CONTEXT_OVERHEAD_MIB below).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from chatfleet.core.specs import GIB, GPU, Model, SpecError
+
+# Memory the CUDA context, cuBLAS/NCCL handles and PyTorch's allocator hold before SGLang loads
+# the weights. Source: DESIGN.md's L4 measurement (23,034 MiB visible, pools of 24,094 BF16 and
+# 142,369 FP8 tokens) solved for P with SGLang's default m = 0.837: both pools give 321 MiB,
+# which is the size of a CUDA 12 context on an Ada card. Used for every GPU (uncalibrated there).
+CONTEXT_OVERHEAD_MIB = 321.0
+
+# The GPUs whose figures come from a measurement (DESIGN.md). Every other card is marked
+# uncalibrated in every output until a calibration profile exists for it.
+CALIBRATED_GPUS = frozenset({"l4"})
+
+
+@dataclass(frozen=True, slots=True)
+class TierDefaults:
+    chunked_prefill_size: int
+    cuda_graph_max_bs: int
+
+
+def tier_defaults(total_mib: float, tp_size: int = 1) -> TierDefaults:
+    """SGLang's per-memory-tier defaults (server_args, v0.5)."""
+    if total_mib < 20 * 1024:
+        return TierDefaults(2048, 8)
+    if total_mib < 35 * 1024:
+        return TierDefaults(2048, 24 if tp_size < 4 else 80)
+    if total_mib < 60 * 1024:
+        return TierDefaults(4096, 32 if tp_size < 4 else 160)
+    if total_mib < 160 * 1024:
+        return TierDefaults(8192, 256 if tp_size < 4 else 512)
+    return TierDefaults(16384, 512)
+
+
+def default_mem_fraction_static(total_mib: float, tp_size: int = 1, pp_size: int = 1) -> float:
+    """SGLang's default mem_fraction_static for a card with `total_mib` of memory."""
+    tier = tier_defaults(total_mib, tp_size)
+    reserved = 512.0
+    reserved += max(tier.chunked_prefill_size, 2048) * 1.5
+    reserved += tier.cuda_graph_max_bs * 2
+    reserved += tp_size * pp_size / 8 * 1024
+    if total_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((total_mib - reserved) / total_mib, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    gpu: str
+    model: str
+    weights: str
+    kv_cache: str
+    visible_gib: float
+    free_gib: float  # P
+    mem_fraction_static: float  # m
+    weights_gib: float  # W
+    kv_bytes_per_token: int
+    kv_pool_tokens: int
+    chunked_prefill_size: int
+    cuda_graph_max_bs: int
+    request_tokens: int
+    system_prompt_tokens: int
+    requests_fit: int
+    prompts_fit: int
+    calibrated: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "gpu": self.gpu,
+            "model": self.model,
+            "weights": self.weights,
+            "kv_cache": self.kv_cache,
+            "calibrated": self.calibrated,
+            "visible_gib": round(self.visible_gib, 3),
+            "free_gib": round(self.free_gib, 3),
+            "mem_fraction_static": self.mem_fraction_static,
+            "weights_gib": round(self.weights_gib, 3),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_pool_tokens": self.kv_pool_tokens,
+            "kv_pool_gib": round(self.kv_pool_tokens * self.kv_bytes_per_token / GIB, 3),
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "cuda_graph_max_bs": self.cuda_graph_max_bs,
+            "request_tokens": self.request_tokens,
+            "system_prompt_tokens": self.system_prompt_tokens,
+            "requests_fit": self.requests_fit,
+            "prompts_fit": self.prompts_fit,
+        }
+
+
+def kv_pool_tokens(free_gib: float, mem_fraction: float, weights_gib: float,
+                   kv_bytes_per_token: int) -> int:
+    """SGLang's formula: floor((P*m - W) * 2^30 / bytes_per_token), never below zero."""
+    rest = free_gib * mem_fraction - weights_gib
+    return max(0, math.floor(rest * GIB / kv_bytes_per_token))
+
+
+def plan_pool(
+    gpu: GPU,
+    model: Model,
+    weights: str,
+    kv_cache: str,
+    *,
+    mem_fraction: float | None = None,
+    request_tokens: int = 640,
+    system_prompt_tokens: int = 2048,
+    context_overhead_mib: float = CONTEXT_OVERHEAD_MIB,
+) -> PoolPlan:
+    """Size the KV pool and count what fits in it.
+
+    requests_fit = (pool - one shared system prompt) // request_tokens: the shared prompt is
+    cached once in the radix tree and every request adds its own tokens.
+    prompts_fit = pool // system_prompt_tokens: distinct shared prompts the pool can hold.
+    """
+    if request_tokens <= 0:
+        raise SpecError("request tokens must be positive")
+    if system_prompt_tokens < 0:
+        raise SpecError("system prompt tokens must not be negative")
+    if mem_fraction is not None and not 0.0 < mem_fraction < 1.0:
+        raise SpecError("mem fraction must be between 0 and 1")
+    tier = tier_defaults(gpu.visible_mib)
+    m = mem_fraction if mem_fraction is not None else default_mem_fraction_static(gpu.visible_mib)
+    free_gib = (gpu.visible_mib - context_overhead_mib) / 1024
+    w_gib = model.weight_bytes(weights) / GIB
+    kvb = model.kv_bytes_per_token(kv_cache)
+    pool = kv_pool_tokens(free_gib, m, w_gib, kvb)
+    if pool <= 0:
+        raise SpecError(
+            f"{model.name} {weights} weights ({w_gib:.2f} GiB) leave no KV pool on {gpu.name} "
+            f"(P*m = {free_gib * m:.2f} GiB)"
+        )
+    if pool < system_prompt_tokens + request_tokens:
+        raise SpecError(
+            f"the KV pool of {pool} tokens is smaller than one request "
+            f"({system_prompt_tokens} system + {request_tokens} request tokens)"
+        )
+    return PoolPlan(
+        gpu=gpu.name,
+        model=model.name,
+        weights=weights,
+        kv_cache=kv_cache,
+        visible_gib=gpu.visible_mib / 1024,
+        free_gib=free_gib,
+        mem_fraction_static=m,
+        weights_gib=w_gib,
+        kv_bytes_per_token=kvb,
+        kv_pool_tokens=pool,
+        chunked_prefill_size=tier.chunked_prefill_size,
+        cuda_graph_max_bs=tier.cuda_graph_max_bs,
+        request_tokens=request_tokens,
+        system_prompt_tokens=system_prompt_tokens,
+        requests_fit=max(0, (pool - system_prompt_tokens) // request_tokens),
+        prompts_fit=pool // system_prompt_tokens if system_prompt_tokens else 0,
+        calibrated=gpu.name in CALIBRATED_GPUS,
+    )

@@ -1,0 +1,1 @@
+"""The twin: the engine model driven in virtual time."""

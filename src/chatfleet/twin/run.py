@@ -1,0 +1,232 @@
+"""Run the engine model in virtual time: one load point, or a sweep of them.
+
+A point: a fresh (flushed) engine, a workload seeded with base seed + point index, a closed loop
+of N users or an open loop at a rate. Requests sent (closed) or scheduled (open) between the end
+of the warm-up and warm-up + duration form the measurement window; the run then drains them, for
+at most `drain_s` more seconds, after which unfinished ones count as timeouts.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatfleet import __version__
+from chatfleet.core.calibration import thermal_profile
+from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.metrics import SLO, summarize_point, sweep_document
+from chatfleet.core.records import RequestRecord
+from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec, Workload, WorkloadConfig
+from chatfleet.twin.loop import Event, EventLoop
+
+Load = dict[str, Any]
+
+
+@dataclass(slots=True)
+class PointRun:
+    point: dict[str, Any]
+    records: list[RequestRecord]
+    scheduler: Scheduler
+    num_events: int
+
+
+@dataclass(slots=True)
+class _Run:
+    sched: Scheduler
+    loop: EventLoop
+    driver: ClosedLoop | OpenLoop
+    window_end: float
+    specs: dict[str, RequestSpec] = field(default_factory=dict)
+    reqs: dict[str, EngineRequest] = field(default_factory=dict)
+    records: list[RequestRecord] = field(default_factory=list)
+
+    # --- handlers (each returns the events it creates) -----------------------------------
+    def arrive(self, spec: RequestSpec, now: float) -> Iterable[Event]:
+        req = EngineRequest(spec.request_id, spec.prompt_ids(), spec.output_ids(),
+                            spec.max_new_tokens)
+        self.specs[spec.request_id] = spec
+        self.reqs[spec.request_id] = req
+        self.sched.add_request(req, now)
+        return self._kick(now)
+
+    def open_arrival(self, spec: RequestSpec, now: float) -> Iterable[Event]:
+        assert isinstance(self.driver, OpenLoop)
+        out = list(self.arrive(spec, now))
+        nxt = self.driver.next_arrival(now)
+        if nxt.scheduled_time < self.window_end:
+            out.append(self.loop.at(nxt.scheduled_time, self.open_arrival, nxt))
+        return out
+
+    def step_end(self, _: object, now: float) -> Iterable[Event]:
+        res = self.sched.complete(now)
+        out: list[Event] = []
+        for req in res.finished:
+            spec = self.specs.pop(req.rid)
+            del self.reqs[req.rid]
+            self.records.append(self._record(spec, req, "ok"))
+            nxt = self.driver.on_done(spec, now)
+            if nxt is not None and nxt.scheduled_time < self.window_end:
+                out.append(self.loop.at(nxt.scheduled_time, self.arrive, nxt))
+        out.extend(self._kick(now))
+        return out
+
+    def _kick(self, now: float) -> list[Event]:
+        if self.sched.in_flight is not None or not self.sched.has_work():
+            return []
+        step = self.sched.schedule(now)
+        if step is None:
+            return []
+        return [self.loop.at(step.end, self.step_end)]
+
+    def _record(self, spec: RequestSpec, req: EngineRequest, outcome: str) -> RequestRecord:
+        times = self.sched.token_times(req)
+        return RequestRecord(
+            request_id=spec.request_id,
+            session_id=spec.session_id,
+            turn=spec.turn,
+            replica="twin-0",
+            scheduled_time=spec.scheduled_time,
+            send_time=spec.scheduled_time,
+            first_token_time=req.first_token_time,
+            token_times=times,
+            prompt_tokens=req.prompt_len,
+            cached_tokens=req.num_cached_tokens + req.num_loaded_back_tokens,
+            output_tokens=len(times),
+            outcome=outcome,  # type: ignore[arg-type]
+            error=None if outcome == "ok" else "not finished when the drain limit ran out",
+        )
+
+
+def run_point(
+    spec: EngineSpec,
+    wcfg: WorkloadConfig,
+    load: Load,
+    *,
+    duration_s: float = 300.0,
+    warmup_s: float = 30.0,
+    seed: int = 1,
+    drain_s: float = 600.0,
+    slo: SLO | None = None,
+) -> PointRun:
+    """Run one load point in virtual time and summarise it as a chatfleet.sweep/1 point."""
+    if duration_s <= 0 or warmup_s < 0 or drain_s < 0:
+        raise ValueError("duration must be positive, warm-up and drain not negative")
+    slo = slo or SLO()
+    sched = build_scheduler(spec)
+    need = wcfg.max_context_tokens()
+    if need > sched.pool.capacity_tokens:
+        raise ValueError(
+            f"a session can reach {need} tokens (system prompt + turns), more than the "
+            f"{sched.pool.capacity_tokens}-token KV pool holds"
+        )
+    rng = random.Random(seed)
+    workload = Workload(wcfg, rng)
+    loop = EventLoop()
+    window_end = warmup_s + duration_s
+    driver: ClosedLoop | OpenLoop
+    if load["mode"] == "closed":
+        driver = ClosedLoop(workload, int(load["concurrency"]))
+    else:
+        driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)))
+    run = _Run(sched, loop, driver, window_end)
+    if isinstance(driver, ClosedLoop):
+        loop.push(loop.at(s.scheduled_time, run.arrive, s) for s in driver.start())
+    else:
+        first = driver.next_arrival(0.0)
+        loop.push([loop.at(first.scheduled_time, run.open_arrival, first)])
+    loop.run(until=window_end + drain_s)
+    for rid, pending in list(run.specs.items()):
+        run.records.append(run._record(pending, run.reqs[rid], "timeout"))
+    point = summarize_point(
+        run.records,
+        load=dict(load),
+        window=(warmup_s, window_end),
+        slo=slo,
+        mode=load["mode"],
+        seed=seed,
+        flushed=True,
+        engine=engine_block(sched, warmup_s, window_end),
+        gpu=gpu_block(spec, sched, warmup_s, window_end),
+        client={"send_lag_ms_p99": 0.0, "loop_lag_ms_p99": 0.0},
+    )
+    return PointRun(point, run.records, sched, loop.num_events)
+
+
+def engine_block(sched: Scheduler, start: float, end: float) -> dict[str, Any]:
+    """What SGLang's decode log shows, read at decode steps after the warm-up."""
+    max_running = 0
+    max_queue = 0
+    peak_usage = 0.0
+    for row in sched.log:
+        t = float(row[0])  # type: ignore[arg-type]
+        if t < start or t > end or row[1] != "decode":
+            continue
+        max_running = max(max_running, int(row[2]))  # type: ignore[call-overload]
+        max_queue = max(max_queue, int(row[6]))  # type: ignore[call-overload]
+        peak_usage = max(peak_usage, float(row[7]))  # type: ignore[arg-type]
+    return {
+        "max_running": max_running,
+        "max_queue": max_queue,
+        "peak_token_usage": round(peak_usage, 4),
+        "max_total_num_tokens": sched.pool.capacity_tokens,
+        "num_retractions": sched.num_retractions,
+        "cache_hit_rate": round(sched.num_prefill_cached_tokens
+                                / max(1, sched.num_prefill_input_tokens), 4),
+        "evicted_tokens": sched.tree.num_evicted_tokens,
+    }
+
+
+def gpu_block(spec: EngineSpec, sched: Scheduler, start: float, end: float) -> dict[str, Any]:
+    if sched.thermal is None:
+        mhz = thermal_profile(spec.gpu).loaded_mhz
+        return {"sm_clock_mhz": {"p50": mhz, "min": mhz}, "temp_c": {"max": None},
+                "thermal_slowdown_share": 0.0, "modelled": True, "thermal_model": False}
+    rows = [r for r in sched.log if start <= float(r[0]) <= end]  # type: ignore[arg-type]
+    if not rows:
+        rows = sched.log
+    clocks = sorted(float(r[9]) for r in rows)  # type: ignore[arg-type]
+    temps = [float(r[10]) for r in rows]  # type: ignore[arg-type]
+    slow = sum(1 for r in rows if r[12])
+    return {
+        "sm_clock_mhz": {"p50": round(clocks[len(clocks) // 2], 1), "min": round(clocks[0], 1)},
+        "temp_c": {"max": round(max(temps), 2)},
+        "thermal_slowdown_share": round(slow / len(rows), 4),
+        "modelled": True,
+        "thermal_model": True,
+    }
+
+
+def target_block(spec: EngineSpec) -> dict[str, Any]:
+    cal_note = "calibrated" if spec.gpu.name == "l4" else "uncalibrated"
+    return {"engine": "twin", "engine_models": "sglang-0.5", "chatfleet_version": __version__,
+            "calibration": cal_note, **spec.to_json()}
+
+
+def run_sweep(
+    spec: EngineSpec,
+    wcfg: WorkloadConfig,
+    loads: list[Load],
+    *,
+    duration_s: float = 300.0,
+    warmup_s: float = 30.0,
+    seed: int = 1,
+    slo: SLO | None = None,
+    cap_margin: int = 0,
+    on_point: Callable[[int, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Every load point on a fresh engine with seed base + index; the chatfleet.sweep/1 doc."""
+    slo = slo or SLO()
+    points = []
+    for i, load in enumerate(loads):
+        res = run_point(spec, wcfg, load, duration_s=duration_s, warmup_s=warmup_s,
+                        seed=seed + i, slo=slo)
+        points.append(res.point)
+        if on_point is not None:
+            on_point(i, res.point)
+    workload = {**wcfg.to_json(), "duration_s": duration_s, "warmup_s": warmup_s,
+                "seed": seed}
+    return sweep_document(target_block(spec), workload, slo, points, cap_margin=cap_margin)
