@@ -204,9 +204,11 @@ class Workload:
         self._num_sessions = 0
         self._num_requests = 0
 
-    def group_of(self, user: int) -> int:
-        """Users spread over the groups round-robin (SGLang's generated-shared-prefix)."""
-        return user % self.cfg.prompt_groups
+    def group_of(self, session_index: int) -> int:
+        """Sessions spread over the groups round-robin (as SGLang's generated-shared-prefix
+        spreads its prompts), so over time every group's prefix is in use even when there are
+        fewer users than groups: the working set of shared prefixes is G x the prompt."""
+        return session_index % self.cfg.prompt_groups
 
     def system_segment(self, group: int) -> tuple[int, int]:
         return (group + 1, self.cfg.system_prompt_tokens)
@@ -217,8 +219,8 @@ class Workload:
         return (sid, n)
 
     def new_session(self, user: int) -> Session:
+        group = self.group_of(self._num_sessions)
         self._num_sessions += 1
-        group = self.group_of(user)
         history = [self.system_segment(group)] if self.cfg.system_prompt_tokens else []
         return Session(f"s{self._num_sessions}", user, group, history)
 

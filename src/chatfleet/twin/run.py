@@ -94,7 +94,7 @@ class _Run:
             first_token_time=req.first_token_time,
             token_times=times,
             prompt_tokens=req.prompt_len,
-            cached_tokens=req.num_cached_tokens + req.num_loaded_back_tokens,
+            cached_tokens=req.num_cached_tokens,  # host-tier hits included
             output_tokens=len(times),
             outcome=outcome,  # type: ignore[arg-type]
             error=None if outcome == "ok" else "not finished when the drain limit ran out",

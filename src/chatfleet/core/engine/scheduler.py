@@ -330,9 +330,9 @@ class Scheduler:
                     self.tree.dec_lock_ref(m.node)
                     break
                 if loaded:
+                    old_node = m.node  # locked above; load_back moves m.node deeper
                     self._ensure_free(loaded, now)
                     self.tree.load_back(m, now)
-                    old_node = m.node
                     m = self.tree.match_prefix(req.fill, now)
                     self.tree.inc_lock_ref(m.node)
                     self.tree.dec_lock_ref(old_node)
