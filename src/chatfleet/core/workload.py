@@ -75,10 +75,13 @@ class LengthSpec:
         return self.pairs[rng.randrange(len(self.pairs))]
 
     def _uniform(self, rng: random.Random, n: int) -> int:
+        """A uniform integer in the convention's closed range."""
         r = self.range_ratio
         if self.convention == "sglang":
-            return rng.randint(max(int(n * r), 1), n)
-        return rng.randint(max(1, math.floor(n * (1 - r))), math.ceil(n * (1 + r)))
+            lo, hi = max(int(n * r), 1), n
+        else:
+            lo, hi = max(1, math.floor(n * (1 - r))), math.ceil(n * (1 + r))
+        return lo + int(rng.random() * (hi - lo + 1))
 
     def max_lengths(self) -> tuple[int, int]:
         if self.kind == "fixed":

@@ -5,24 +5,24 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 Handler = Callable[[Any, float], Iterable["Event"]]
 
 
-@dataclass(order=True, slots=True)
-class Event:
+class Event(NamedTuple):
+    """Heap entries compare by (time, seq); seq is unique, so handlers are never compared."""
+
     time: float
-    seq: int = field(compare=True)
-    handler: Handler = field(compare=False)
-    payload: Any = field(compare=False, default=None)
+    seq: int
+    handler: Handler
+    payload: Any = None
 
 
 class EventLoop:
     def __init__(self) -> None:
         self.now = 0.0
-        self._heap: list[tuple[float, int, Handler, Any]] = []
+        self._heap: list[Event] = []
         self._seq = 0
         self.num_events = 0
 
@@ -35,7 +35,7 @@ class EventLoop:
         for e in events:
             if e.time < self.now:
                 raise ValueError(f"event at {e.time} is in the past (now {self.now})")
-            heapq.heappush(self._heap, (e.time, e.seq, e.handler, e.payload))
+            heapq.heappush(self._heap, e)
 
     def run(self, until: float = float("inf")) -> None:
         heap = self._heap
@@ -48,10 +48,14 @@ class EventLoop:
                 for e in out:
                     if e.time < t:
                         raise ValueError(f"handler scheduled an event in the past ({e.time} < {t})")
-                    heapq.heappush(heap, (e.time, e.seq, e.handler, e.payload))
+                    heapq.heappush(heap, e)
         if not heap:
             return
         self.now = max(self.now, until) if until != float("inf") else self.now
+
+    def next_time(self) -> float | None:
+        """When the next pending event happens (None if nothing is pending)."""
+        return self._heap[0].time if self._heap else None
 
     def pending(self) -> int:
         return len(self._heap)

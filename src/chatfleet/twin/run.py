@@ -34,24 +34,36 @@ class PointRun:
     num_events: int
 
 
+Route = Callable[[RequestSpec, list[Scheduler]], int]
+
+
+def route_by_user(spec: RequestSpec, replicas: list[Scheduler]) -> int:
+    """The default seam until the gateway's routing lands: a user's requests stay on one
+    replica (user index modulo replica count)."""
+    return spec.user % len(replicas)
+
+
 @dataclass(slots=True)
 class _Run:
-    sched: Scheduler
+    scheds: list[Scheduler]
     loop: EventLoop
     driver: ClosedLoop | OpenLoop
     window_end: float
+    route: Route
+    horizon: float = float("inf")  # the loop's stop time: a decode run never crosses it
     specs: dict[str, RequestSpec] = field(default_factory=dict)
-    reqs: dict[str, EngineRequest] = field(default_factory=dict)
+    reqs: dict[str, tuple[int, EngineRequest]] = field(default_factory=dict)
     records: list[RequestRecord] = field(default_factory=list)
 
     # --- handlers (each returns the events it creates) -----------------------------------
     def arrive(self, spec: RequestSpec, now: float) -> Iterable[Event]:
         req = EngineRequest(spec.request_id, spec.prompt_ids(), spec.output_ids(),
                             spec.max_new_tokens)
+        i = self.route(spec, self.scheds)
         self.specs[spec.request_id] = spec
-        self.reqs[spec.request_id] = req
-        self.sched.add_request(req, now)
-        return self._kick(now)
+        self.reqs[spec.request_id] = (i, req)
+        self.scheds[i].add_request(req, now)
+        return self._kick(i, now)
 
     def open_arrival(self, spec: RequestSpec, now: float) -> Iterable[Event]:
         assert isinstance(self.driver, OpenLoop)
@@ -61,34 +73,43 @@ class _Run:
             out.append(self.loop.at(nxt.scheduled_time, self.open_arrival, nxt))
         return out
 
-    def step_end(self, _: object, now: float) -> Iterable[Event]:
-        res = self.sched.complete(now)
+    def step_end(self, i: int, now: float) -> Iterable[Event]:
+        res = self.scheds[i].complete(now)
         out: list[Event] = []
         for req in res.finished:
             spec = self.specs.pop(req.rid)
             del self.reqs[req.rid]
-            self.records.append(self._record(spec, req, "ok"))
+            self.records.append(self._record(i, spec, req, "ok"))
             nxt = self.driver.on_done(spec, now)
             if nxt is not None and nxt.scheduled_time < self.window_end:
                 out.append(self.loop.at(nxt.scheduled_time, self.arrive, nxt))
-        out.extend(self._kick(now))
+        out.extend(self._kick(i, now, out))
         return out
 
-    def _kick(self, now: float) -> list[Event]:
-        if self.sched.in_flight is not None or not self.sched.has_work():
+    def _kick(self, i: int, now: float, new: list[Event] | None = None) -> list[Event]:
+        sched = self.scheds[i]
+        if sched.in_flight is not None or not sched.has_work():
             return []
-        step = self.sched.schedule(now)
+        # a decode run stops at the next outside event: pending ones and those just created
+        horizon = self.horizon
+        nxt = self.loop.next_time()
+        if nxt is not None:
+            horizon = min(horizon, nxt)
+        for e in new or ():
+            horizon = min(horizon, e.time)
+        step = sched.schedule(now, horizon=horizon)
         if step is None:
             return []
-        return [self.loop.at(step.end, self.step_end)]
+        return [self.loop.at(step.end, self.step_end, i)]
 
-    def _record(self, spec: RequestSpec, req: EngineRequest, outcome: str) -> RequestRecord:
-        times = self.sched.token_times(req)
+    def _record(self, i: int, spec: RequestSpec, req: EngineRequest,
+                outcome: str) -> RequestRecord:
+        times = self.scheds[i].token_times(req)
         return RequestRecord(
             request_id=spec.request_id,
             session_id=spec.session_id,
             turn=spec.turn,
-            replica="twin-0",
+            replica=f"twin-{i}",
             scheduled_time=spec.scheduled_time,
             send_time=spec.scheduled_time,
             first_token_time=req.first_token_time,
@@ -111,12 +132,20 @@ def run_point(
     seed: int = 1,
     drain_s: float = 600.0,
     slo: SLO | None = None,
+    replicas: int = 1,
+    route: Route = route_by_user,
 ) -> PointRun:
-    """Run one load point in virtual time and summarise it as a chatfleet.sweep/1 point."""
+    """Run one load point in virtual time and summarise it as a chatfleet.sweep/1 point.
+
+    With `replicas` > 1 the users are spread over that many identical engines by `route`
+    (the seam the gateway's admission and routing plug into)."""
     if duration_s <= 0 or warmup_s < 0 or drain_s < 0:
         raise ValueError("duration must be positive, warm-up and drain not negative")
+    if replicas < 1:
+        raise ValueError("replicas must be at least 1")
     slo = slo or SLO()
-    sched = build_scheduler(spec)
+    scheds = [build_scheduler(spec) for _ in range(replicas)]
+    sched = scheds[0]
     need = wcfg.max_context_tokens()
     if need > sched.pool.capacity_tokens:
         raise ValueError(
@@ -132,7 +161,7 @@ def run_point(
         driver = ClosedLoop(workload, int(load["concurrency"]))
     else:
         driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)))
-    run = _Run(sched, loop, driver, window_end)
+    run = _Run(scheds, loop, driver, window_end, route, horizon=window_end + drain_s)
     if isinstance(driver, ClosedLoop):
         loop.push(loop.at(s.scheduled_time, run.arrive, s) for s in driver.start())
     else:
@@ -140,7 +169,8 @@ def run_point(
         loop.push([loop.at(first.scheduled_time, run.open_arrival, first)])
     loop.run(until=window_end + drain_s)
     for rid, pending in list(run.specs.items()):
-        run.records.append(run._record(pending, run.reqs[rid], "timeout"))
+        i, req = run.reqs[rid]
+        run.records.append(run._record(i, pending, req, "timeout"))
     point = summarize_point(
         run.records,
         load=dict(load),
@@ -149,45 +179,51 @@ def run_point(
         mode=load["mode"],
         seed=seed,
         flushed=True,
-        engine=engine_block(sched, warmup_s, window_end),
-        gpu=gpu_block(spec, sched, warmup_s, window_end),
+        engine=engine_block(scheds, warmup_s, window_end),
+        gpu=gpu_block(spec, scheds, warmup_s, window_end),
         client={"send_lag_ms_p99": 0.0, "loop_lag_ms_p99": 0.0},
     )
     return PointRun(point, run.records, sched, loop.num_events)
 
 
-def engine_block(sched: Scheduler, start: float, end: float) -> dict[str, Any]:
-    """What SGLang's decode log shows, read at decode steps after the warm-up."""
+def engine_block(scheds: list[Scheduler], start: float, end: float) -> dict[str, Any]:
+    """What SGLang's decode log shows, read at decode steps after the warm-up (the largest
+    over the replicas; sums for the counters)."""
     max_running = 0
     max_queue = 0
     peak_usage = 0.0
-    for row in sched.log:
-        t = float(row[0])  # type: ignore[arg-type]
-        if t < start or t > end or row[1] != "decode":
-            continue
-        max_running = max(max_running, int(row[2]))  # type: ignore[call-overload]
-        max_queue = max(max_queue, int(row[6]))  # type: ignore[call-overload]
-        peak_usage = max(peak_usage, float(row[7]))  # type: ignore[arg-type]
+    for sched in scheds:
+        for row in sched.log:
+            t = float(row[0])  # type: ignore[arg-type]
+            if t < start or t > end or row[1] != "decode":
+                continue
+            max_running = max(max_running, int(row[2]))  # type: ignore[call-overload]
+            max_queue = max(max_queue, int(row[6]))  # type: ignore[call-overload]
+            peak_usage = max(peak_usage, float(row[7]))  # type: ignore[arg-type]
+    cached = sum(s.num_prefill_cached_tokens for s in scheds)
+    prompt = sum(s.num_prefill_input_tokens for s in scheds)
     return {
         "max_running": max_running,
         "max_queue": max_queue,
         "peak_token_usage": round(peak_usage, 4),
-        "max_total_num_tokens": sched.pool.capacity_tokens,
-        "num_retractions": sched.num_retractions,
-        "cache_hit_rate": round(sched.num_prefill_cached_tokens
-                                / max(1, sched.num_prefill_input_tokens), 4),
-        "evicted_tokens": sched.tree.num_evicted_tokens,
+        "max_total_num_tokens": scheds[0].pool.capacity_tokens,
+        "replicas": len(scheds),
+        "num_retractions": sum(s.num_retractions for s in scheds),
+        "cache_hit_rate": round(cached / max(1, prompt), 4),
+        "evicted_tokens": sum(s.tree.num_evicted_tokens for s in scheds),
     }
 
 
-def gpu_block(spec: EngineSpec, sched: Scheduler, start: float, end: float) -> dict[str, Any]:
-    if sched.thermal is None:
+def gpu_block(spec: EngineSpec, scheds: list[Scheduler], start: float,
+              end: float) -> dict[str, Any]:
+    if scheds[0].thermal is None:
         mhz = thermal_profile(spec.gpu).loaded_mhz
         return {"sm_clock_mhz": {"p50": mhz, "min": mhz}, "temp_c": {"max": None},
                 "thermal_slowdown_share": 0.0, "modelled": True, "thermal_model": False}
-    rows = [r for r in sched.log if start <= float(r[0]) <= end]  # type: ignore[arg-type]
+    log = [r for s in scheds for r in s.log]
+    rows = [r for r in log if start <= float(r[0]) <= end]  # type: ignore[arg-type]
     if not rows:
-        rows = sched.log
+        rows = log
     clocks = sorted(float(r[9]) for r in rows)  # type: ignore[arg-type]
     temps = [float(r[10]) for r in rows]  # type: ignore[arg-type]
     slow = sum(1 for r in rows if r[12])

@@ -84,6 +84,8 @@ class Step:
     num_prefill_tokens: int = 0
     num_cached_tokens: int = 0
     num_waiting: int = 0  # queue at scheduling time: what prefill-first could not admit
+    # decode only: end times of consecutive decode steps run as one (see Scheduler.schedule)
+    decode_ends: list[float] = field(default_factory=list)
 
     @property
     def end(self) -> float:
@@ -210,7 +212,7 @@ class Scheduler:
 
     # --- accounting helpers --------------------------------------------------------------
     def free_tokens(self) -> int:
-        return self.pool.num_free_tokens(self.tree.total_size())
+        return self.pool.capacity_tokens - self.tree.total_size() - self.pool.num_request_tokens
 
     def token_usage(self) -> float:
         used = self.pool.capacity_tokens - self.free_tokens() - self.tree.evictable_size()
@@ -218,7 +220,8 @@ class Scheduler:
 
     def _own_decode_slots(self, req: EngineRequest) -> int:
         steps_scheduled = self.num_decode_steps + (
-            1 if self.in_flight is not None and self.in_flight.kind == "decode" else 0)
+            len(self.in_flight.decode_ends)
+            if self.in_flight is not None and self.in_flight.kind == "decode" else 0)
         return steps_scheduled - req.join_step
 
     def _generated(self, req: EngineRequest) -> int:
@@ -232,7 +235,8 @@ class Scheduler:
             req.prefix_node = None
 
     def _ensure_free(self, tokens: int, now: float) -> None:
-        short = tokens - self.free_tokens()
+        short = tokens - (self.pool.capacity_tokens - self.tree.total_size()
+                          - self.pool.num_request_tokens)
         if short > 0:
             self.tree.evict(short, now)
             if self.free_tokens() < tokens:
@@ -268,8 +272,14 @@ class Scheduler:
         return max(0, self._sum_max_new - generated) * self.new_token_ratio
 
     # --- scheduling ----------------------------------------------------------------------
-    def schedule(self, now: float) -> Step | None:
-        """Choose the next batch, reserve its KV, and return it with its modelled duration."""
+    def schedule(self, now: float, horizon: float | None = None) -> Step | None:
+        """Choose the next batch, reserve its KV, and return it with its modelled duration.
+
+        With a `horizon` (the time of the next outside event, from a virtual-time loop), a
+        decode step may be extended into a run of consecutive decode steps, up to the first
+        request that finishes or the first step that ends at or after the horizon: exactly what
+        single steps would do, since nothing can change between them. Without one (a live
+        server, or with the thermal model on) every step is its own."""
         if self.in_flight is not None:
             raise RuntimeError("a step is already running")
         if self.thermal is not None and now > self._busy_until:
@@ -277,7 +287,7 @@ class Scheduler:
             self._busy_until = now
         step = self._schedule_prefill(now)
         if step is None and self.running:
-            step = self._schedule_decode(now)
+            step = self._schedule_decode(now, horizon)
         if step is not None:
             self.in_flight = step
         return step
@@ -374,7 +384,7 @@ class Scheduler:
         return Step("prefill", now, duration, batch=batch, num_prefill_tokens=new_tokens,
                     num_cached_tokens=new_cached, num_waiting=len(self.waiting))
 
-    def _schedule_decode(self, now: float) -> Step:
+    def _schedule_decode(self, now: float, horizon: float | None = None) -> Step:
         retracted = self._retract_if_needed(now)
         n = len(self.running)
         if n == 0:
@@ -383,13 +393,28 @@ class Scheduler:
             if step is None:
                 raise RuntimeError("retraction left nothing schedulable")
             return step
-        self._ensure_free(n, now)
-        self.pool.allocate(n)
         # each request attends over its prefill, its decoded tokens and the token of this step
         kv_tokens = self._sum_fill + n * (self.num_decode_steps + 1) - self._sum_join
         sm, mem = self._clock_factors()
-        duration = self.step_model.decode_s(n, kv_tokens, sm, mem)
-        step = Step("decode", now, duration, num_decode=n, num_waiting=len(self.waiting))
+        decode_s = self.step_model.decode_s
+        max_steps = 1
+        if (horizon is not None and not self.waiting and self.chunked is None
+                and self.thermal is None and not retracted):
+            to_finish = self._finish_heap[0][0] - self.num_decode_steps + 1
+            fits = (self.free_tokens() + self.tree.evictable_size()) // n
+            max_steps = max(1, min(to_finish, fits))
+        ends: list[float] = []
+        t = now
+        while True:
+            t += decode_s(n, kv_tokens, sm, mem)
+            ends.append(t)
+            kv_tokens += n
+            if len(ends) >= max_steps or horizon is None or t >= horizon:
+                break
+        self._ensure_free(n * len(ends), now)
+        self.pool.allocate(n * len(ends))
+        step = Step("decode", now, t - now, num_decode=n, num_waiting=len(self.waiting),
+                    decode_ends=ends)
         self._pending_retracted = retracted
         return step
 
@@ -448,10 +473,11 @@ class Scheduler:
         if step.kind == "prefill":
             self._complete_prefill(step, now, result)
         else:
-            self._complete_decode(now, result)
+            self._complete_decode(step, now, result)
             result.retracted = self._pending_retracted
             self._pending_retracted = []
-        self._log(step, now)
+        if step.kind == "prefill":
+            self._log(step, now, self.token_usage())
         return result
 
     def _complete_prefill(self, step: Step, now: float, result: StepResult) -> None:
@@ -488,11 +514,17 @@ class Scheduler:
             else:
                 self._enter_running(req)
 
-    def _complete_decode(self, now: float, result: StepResult) -> None:
-        self.num_decode_steps += 1
-        self.step_end_times.append(now)
+    def _complete_decode(self, step: Step, now: float, result: StepResult) -> None:
+        k = len(step.decode_ends)
+        n = step.num_decode
+        cap = self.pool.capacity_tokens
+        used = cap - self.free_tokens() - self.tree.evictable_size()
+        for j, t in enumerate(step.decode_ends):  # one log row per decode step, as SGLang's
+            self._log(step, t, (used - n * (k - 1 - j)) / cap)
+        self.num_decode_steps += k
+        self.step_end_times.extend(step.decode_ends)
         self.new_token_ratio = max(self.cfg.min_new_token_ratio,
-                                   self.new_token_ratio - self.ratio_decay)
+                                   self.new_token_ratio - k * self.ratio_decay)
         last = self.num_decode_steps - 1
         heap = self._finish_heap
         while heap and heap[0][0] <= last:
@@ -513,14 +545,14 @@ class Scheduler:
         req.finish_time = now
         result.finished.append(req)
 
-    def _log(self, step: Step, now: float) -> None:
+    def _log(self, step: Step, now: float, usage: float) -> None:
         hit = (self.num_prefill_cached_tokens / self.num_prefill_input_tokens
                if self.num_prefill_input_tokens else 0.0)
         th = self.thermal
         self.log.append((
             now, step.kind, len(step.batch) if step.kind == "prefill" else step.num_decode,
             step.num_prefill_tokens, step.num_decode, len(self.running), step.num_waiting,
-            self.token_usage(), hit,
+            usage, hit,
             th.sm_mhz if th else None, th.temp_c if th else None, th.power_w if th else None,
             th.slowdown if th else False,
         ))

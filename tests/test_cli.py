@@ -1,0 +1,149 @@
+"""The command line: figures, JSON, and clean errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from chatfleet.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str]:
+    res = runner.invoke(app, list(args))
+    return res.exit_code, res.output
+
+
+def test_plan_json_reproduces_both_l4_pools_within_half_a_percent() -> None:
+    pools = {}
+    for prec in ("bf16", "fp8"):
+        code, out = run("plan", "--gpu", "l4", "--model", "qwen3-8b", "--weights", prec,
+                        "--kv-cache", prec, "--json")
+        assert code == 0, out
+        doc = json.loads(out)
+        assert {"kv_pool_tokens", "weights_gib", "kv_bytes_per_token", "requests_fit",
+                "prompts_fit"} <= doc.keys()
+        pools[prec] = doc["kv_pool_tokens"]
+        assert doc["calibrated"] is True
+    assert pools["bf16"] == pytest.approx(24094, rel=0.005)
+    assert pools["fp8"] == pytest.approx(142369, rel=0.005)
+
+
+def test_plan_mixed_precision_sits_between_the_pure_ones() -> None:
+    docs = {}
+    for w, kv in (("bf16", "bf16"), ("fp8", "bf16"), ("bf16", "fp8"), ("fp8", "fp8")):
+        code, out = run("plan", "--weights", w, "--kv-cache", kv, "--json")
+        assert code == 0
+        docs[(w, kv)] = json.loads(out)
+    low = docs[("bf16", "bf16")]["kv_pool_tokens"]
+    high = docs[("fp8", "fp8")]["kv_pool_tokens"]
+    for key in (("fp8", "bf16"), ("bf16", "fp8")):
+        assert low < docs[key]["kv_pool_tokens"] < high
+        assert docs[key]["mem_fraction_static"] == docs[("bf16", "bf16")]["mem_fraction_static"]
+
+
+def test_plan_table_marks_other_gpus_uncalibrated() -> None:
+    code, out = run("plan", "--gpu", "a100-80gb")
+    assert code == 0
+    assert "uncalibrated" in out
+    code, out = run("plan", "--gpu", "h100-sxm", "--json")
+    assert json.loads(out)["calibrated"] is False
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("plan", "--gpu", "t1000"), "unknown GPU"),
+        (("plan", "--model", "llama-99b"), "unknown model"),
+        (("plan", "--weights", "int4"), "precision"),
+        (("plan", "--request-tokens", "0"), "positive"),
+        (("plan", "--mem-fraction", "1.5"), "between 0 and 1"),
+        (("plan", "--request-tokens", "100000000"), "smaller than one request"),
+    ],
+)
+def test_plan_bad_input_is_a_clear_error(args: tuple[str, ...], message: str) -> None:
+    code, out = run(*args)
+    assert code == 2
+    assert message in out
+    assert "Traceback" not in out
+
+
+def test_plan_reads_a_config_json_and_rejects_one_missing_fields(tmp_path: Path) -> None:
+    small = {"num_hidden_layers": 16, "hidden_size": 2048, "intermediate_size": 8192,
+             "num_attention_heads": 16, "num_key_value_heads": 8, "vocab_size": 32000}
+    good = tmp_path / "small" / "config.json"
+    good.parent.mkdir()
+    good.write_text(json.dumps(small))
+    code, out = run("plan", "--model", str(good), "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    # 16 layers x 8 kv heads x 128 head_dim x 2 x 2 bytes
+    assert doc["kv_bytes_per_token"] == 16 * 8 * 128 * 2 * 2
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hidden_size": 4096}))
+    code, out = run("plan", "--model", str(bad))
+    assert code == 2
+    assert "lacks required fields" in out
+    code, out = run("plan", "--model", str(tmp_path / "missing.json"))
+    assert code == 2
+
+
+def test_twin_sweep_writes_the_contract_and_prints_the_knee(tmp_path: Path) -> None:
+    out_file = tmp_path / "sweep.json"
+    code, out = run("twin", "sweep", "--weights", "fp8", "--kv-cache", "fp8",
+                    "--concurrency", "1,8,64", "--lengths", "uniform", "--range-ratio", "0.5",
+                    "--range-convention", "vllm", "--duration", "120", "--warmup", "10",
+                    "--json", str(out_file))
+    assert code == 0, out
+    assert "knee" in out
+    doc = json.loads(out_file.read_text())
+    assert doc["schema"] == "chatfleet.sweep/1"
+    assert [p["load"]["concurrency"] for p in doc["points"]] == [1, 8, 64]
+    assert [p["seed"] for p in doc["points"]] == [1, 2, 3]
+    assert doc["knee"]["meets"] in (1, 8)
+    assert doc["target"]["engine"] == "twin"
+    assert doc["workload"]["lengths"]["convention"] == "vllm"
+
+
+def test_twin_sweep_open_loop_rates(tmp_path: Path) -> None:
+    code, out = run("twin", "sweep", "--concurrency", "", "--rate", "0.2,0.5",
+                    "--arrival", "gamma:0.5", "--duration", "120", "--warmup", "0",
+                    "--print-json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert [p["load"]["rate_rps"] for p in doc["points"]] == [0.2, 0.5]
+    assert doc["knee_rate"]["meets"] is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--concurrency", "0"), "positive"),
+        (("--concurrency", "four"), "comma-separated"),
+        (("--input-len", "0"), "positive"),
+        (("--lengths", "zipf"), "unknown --lengths"),
+        (("--pool-tokens", "1000"), "KV pool"),
+        (("--eviction", "random"), "policy"),
+        (("--rate", "1", "--arrival", "gamma:x"), "bad arrival"),
+        (("--gpu", "t4"), "unknown GPU"),
+        (("--lengths", "file"), "--length-file"),
+    ],
+)
+def test_twin_sweep_bad_input_is_a_clear_error(args: tuple[str, ...], message: str) -> None:
+    code, out = run("twin", "sweep", "--duration", "10", *args)
+    assert code == 2, out
+    assert message in out
+    assert "Traceback" not in out
+
+
+def test_twin_sweep_takes_a_user_length_file(tmp_path: Path) -> None:
+    f = tmp_path / "lengths.jsonl"
+    f.write_text('{"input_len": 100, "output_len": 20}\n{"input_len": 300, "output_len": 40}\n')
+    code, out = run("twin", "sweep", "--lengths", "file", "--length-file", str(f),
+                    "--concurrency", "2", "--duration", "30", "--warmup", "0", "--print-json")
+    assert code == 0, out
+    assert json.loads(out)["workload"]["lengths"]["num_pairs"] == 2

@@ -1,0 +1,90 @@
+"""The twin's event loop and runner."""
+
+from __future__ import annotations
+
+import pytest
+
+from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.workload import WorkloadConfig
+from chatfleet.twin.loop import EventLoop
+from chatfleet.twin.run import run_point
+from tests.twin.conftest import MIXED, engine
+
+
+def test_handlers_return_events_and_only_the_loop_moves_time() -> None:
+    loop = EventLoop()
+    seen: list[tuple[str, float]] = []
+
+    def tick(name: str, now: float) -> list:
+        seen.append((name, now))
+        return [loop.at(now + 1.0, tick, name)] if now < 2.0 else []
+
+    loop.push([loop.at(0.0, tick, "a"), loop.at(0.5, tick, "b")])
+    loop.run()
+    assert seen == [("a", 0.0), ("b", 0.5), ("a", 1.0), ("b", 1.5), ("a", 2.0), ("b", 2.5)]
+
+
+def test_an_event_in_the_past_is_refused() -> None:
+    loop = EventLoop()
+
+    def back(_: object, now: float) -> list:
+        return [loop.at(now - 1.0, back)]
+
+    loop.push([loop.at(1.0, back)])
+    with pytest.raises(ValueError, match="past"):
+        loop.run()
+
+
+def test_decode_runs_give_exactly_what_single_steps_give(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The twin runs consecutive decode steps as one event when nothing can happen between
+    them; the records must not change by a single token time."""
+    spec = engine("fp8")
+    wcfg = WorkloadConfig(lengths=MIXED, turns=2, think_time_s=2.0)
+    load = {"mode": "closed", "concurrency": 48}
+    fast = run_point(spec, wcfg, load, duration_s=120.0, warmup_s=0.0, seed=7)
+    original = Scheduler.schedule
+    monkeypatch.setattr(Scheduler, "schedule",
+                        lambda self, now, horizon=None: original(self, now, None))
+    slow = run_point(spec, wcfg, load, duration_s=120.0, warmup_s=0.0, seed=7)
+    assert fast.num_events < slow.num_events
+    a = {r.request_id: r for r in fast.records}
+    b = {r.request_id: r for r in slow.records}
+    assert a.keys() == b.keys()
+    for rid, r in a.items():
+        assert list(r.token_times) == list(b[rid].token_times), rid
+        assert r.cached_tokens == b[rid].cached_tokens
+
+
+def test_same_seed_same_point_and_a_new_seed_changes_it() -> None:
+    spec = engine("bf16")
+    wcfg = WorkloadConfig(lengths=MIXED)
+    load = {"mode": "closed", "concurrency": 8}
+    p1 = run_point(spec, wcfg, load, duration_s=60.0, warmup_s=10.0, seed=3).point
+    p2 = run_point(spec, wcfg, load, duration_s=60.0, warmup_s=10.0, seed=3).point
+    p3 = run_point(spec, wcfg, load, duration_s=60.0, warmup_s=10.0, seed=4).point
+    assert p1 == p2
+    assert p1["ttft_ms"] != p3["ttft_ms"]
+
+
+def test_open_loop_point_counts_requests_from_the_schedule() -> None:
+    spec = engine("fp8")
+    run = run_point(spec, WorkloadConfig(lengths=MIXED), {"mode": "open", "rate_rps": 1.0},
+                    duration_s=300.0, warmup_s=30.0, seed=2)
+    offered = run.point["requests"]["offered"]
+    assert 240 <= offered <= 360  # Poisson at 1/s over 300 s
+    assert run.point["load"] == {"mode": "open", "rate_rps": 1.0}
+
+
+def test_replicas_split_users_and_each_engine_sees_its_share() -> None:
+    spec = engine("fp8")
+    run = run_point(spec, WorkloadConfig(lengths=MIXED), {"mode": "closed", "concurrency": 32},
+                    duration_s=60.0, warmup_s=10.0, replicas=4)
+    assert {r.replica for r in run.records} == {f"twin-{i}" for i in range(4)}
+    assert run.point["engine"]["max_running"] == 8
+    assert run.point["in_flight_max"] == 8
+
+
+def test_a_session_longer_than_the_pool_is_refused_up_front() -> None:
+    spec = engine("bf16", pool_tokens=2600)  # one request needs 2,048 + 512 + 128
+    with pytest.raises(ValueError, match="KV pool"):
+        run_point(spec, WorkloadConfig(), {"mode": "closed", "concurrency": 1}, duration_s=10.0)
