@@ -19,7 +19,8 @@ from chatfleet.core.specs import GPU, Model, SpecError, builtin_model, get_gpu, 
 from chatfleet.core.workload import WorkloadError
 
 console = Console(stderr=True)
-out = Console()
+# tables are wide: keep them whole when stdout is a pipe or a file
+out = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

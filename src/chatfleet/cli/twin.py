@@ -70,14 +70,18 @@ def point_row(p: dict[str, Any]) -> list[str]:
     load = p["load"]
     label = (f"{load['concurrency']} users" if load["mode"] == "closed"
              else f"{load['rate_rps']} rps")
-    thin = " (thin)" if p.get("thin") else ""
+    thin = "*" if p.get("thin") else ""
+    if not p.get("valid", True):
+        label += " (invalid)"
     return [
         label,
         f"{p['attainment']:.3f}{thin}",
         f"{p['goodput_rps']:.2f}",
         f"{p['output_tok_s']:.0f}",
-        f"{p['ttft_ms']['p50']:.0f} / {p['ttft_ms']['p99']:.0f}",
-        f"{p['tpot_ms']['p50']:.0f} / {p['tpot_ms']['p99']:.0f}",
+        f"{p['ttft_ms']['p50']:.0f}",
+        f"{p['ttft_ms']['p99']:.0f}",
+        f"{p['tpot_ms']['p50']:.0f}",
+        f"{p['tpot_ms']['p99']:.0f}",
         f"{p['itl_ms']['p99']:.0f}",
         f"{p['engine']['max_running']}",
         f"{p['engine']['max_queue']}",
@@ -86,9 +90,10 @@ def point_row(p: dict[str, Any]) -> list[str]:
 
 
 def sweep_table(doc: dict[str, Any], title: str) -> Table:
-    t = Table(title=title)
-    for col in ("load", "attainment", "goodput rps", "out tok/s", "TTFT p50/p99 ms",
-                "TPOT p50/p99 ms", "ITL p99 ms", "max running", "max queue", "peak usage"):
+    t = Table(title=title,
+              caption="times in ms; * thin: fewer than 200 requests behind the percentiles")
+    for col in ("load", "attain", "goodput/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+                "TPOT p99", "ITL p99", "running", "queue", "usage"):
         t.add_column(col, justify="right")
     for p in doc["points"]:
         t.add_row(*point_row(p))

@@ -303,9 +303,36 @@ class RadixCache:
         self, tokens: Sequence[int], now: float, priority: int = 0, chunked: bool = False
     ) -> tuple[int, TreeNode]:
         """`insert`, also returning the node that ends the inserted sequence (to lock it)."""
-        key = as_tokens(tokens)
-        node = self.root
-        node.last_access_time = now
+        self.root.last_access_time = now
+        return self._insert_from(self.root, as_tokens(tokens), now, priority, chunked)
+
+    def insert_below(
+        self, node: TreeNode, tokens: Sequence[int], now: float, priority: int = 0,
+        chunked: bool = False,
+    ) -> tuple[int, TreeNode]:
+        """`insert_node(path(node) + tokens)` without comparing the path again: `node` must be a
+        device node in the tree (a running request's locked prefix). The path's nodes get what
+        an insert through them gets: access time, hit count, priority, host copy."""
+        if not node.on_device:
+            raise ValueError(f"{node} is host-only: load_back before inserting below it")
+        x = node
+        while x is not self.root:
+            x.last_access_time = now
+            x.priority = max(x.priority, priority)
+            if not chunked:
+                x.hit_count += 1
+            self._touch(x)
+            if self.has_host_tier and not x.on_host:
+                self._write_through(x)
+            if x.parent is None:
+                raise ValueError(f"{node} is no longer in the tree (evicted or reset)")
+            x = x.parent
+        self.root.last_access_time = now
+        return self._insert_from(node, as_tokens(tokens), now, priority, chunked)
+
+    def _insert_from(
+        self, node: TreeNode, key: array[int], now: float, priority: int, chunked: bool
+    ) -> tuple[int, TreeNode]:
         pos = 0
         num_new = 0
         while pos < len(key):

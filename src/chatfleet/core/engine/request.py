@@ -32,6 +32,7 @@ class EngineRequest:
     num_cached_tokens: int = 0  # prefix found in the cache at first admission (reported in usage)
     num_loaded_back_tokens: int = 0
     prefix_node: Any = None  # locked radix node
+    prefix_len: int = 0  # tokens of `fill` the locked node's path covers
     num_own_tokens: int = 0  # KV slots held outside the tree
     # tokens generated before the current decode segment (its prefill token included)
     gen_base: int = 0

@@ -233,6 +233,7 @@ class Scheduler:
         if req.prefix_node is not None:
             self.tree.dec_lock_ref(req.prefix_node)
             req.prefix_node = None
+            req.prefix_len = 0
 
     def _ensure_free(self, tokens: int, now: float) -> None:
         short = tokens - (self.pool.capacity_tokens - self.tree.total_size()
@@ -350,6 +351,7 @@ class Scheduler:
                     req.num_loaded_back_tokens += loaded
                     load_back += loaded
                 req.prefix_node = m.node
+                req.prefix_len = m.device_len
                 req.num_computed = prefix
                 if not req.seen_by_admission:
                     req.num_cached_tokens = prefix
@@ -488,11 +490,18 @@ class Scheduler:
                 self._release(req, own=req.num_own_tokens)
                 req.num_own_tokens = 0
                 continue
+            start = req.num_computed
             req.num_computed += extend
-            # cache_unfinished_req: the computed part joins the tree and stays locked
-            done = req.fill[: req.num_computed]
-            _, node = self.tree.insert_node(done, now, req.priority,
-                                            chunked=req.num_computed < len(req.fill))
+            # cache_unfinished_req: the computed part joins the tree and stays locked. The
+            # part before `start` is the locked prefix, so only the new chunk is walked.
+            chunked = req.num_computed < len(req.fill)
+            new = req.fill[start: req.num_computed]
+            if req.prefix_node is not None and req.prefix_len == start:
+                _, node = self.tree.insert_below(req.prefix_node, new, now, req.priority,
+                                                 chunked=chunked)
+            else:
+                _, node = self.tree.insert_node(req.fill[: req.num_computed], now,
+                                                req.priority, chunked=chunked)
             self.pool.free(req.num_own_tokens)
             req.num_own_tokens = 0
             old = req.prefix_node
@@ -500,6 +509,7 @@ class Scheduler:
             if old is not None:
                 self.tree.dec_lock_ref(old)
             req.prefix_node = node
+            req.prefix_len = req.num_computed
             if req.num_computed < len(req.fill):
                 continue  # more chunks to come
             if self.chunked is req:
@@ -537,9 +547,15 @@ class Scheduler:
             self._finish(req, now, result, own=self.num_decode_steps - req.join_step)
 
     def _finish(self, req: EngineRequest, now: float, result: StepResult, own: int = 0) -> None:
-        # cache_finished_req: prompt + outputs but the last (which has no KV) join the tree
-        seq = as_tokens(req.prompt) + as_tokens(req.output_ids)[: req.output_len - 1]
-        self.tree.insert(seq, now, req.priority)
+        # cache_finished_req: prompt + outputs but the last (which has no KV) join the tree;
+        # the locked prefix node holds all of `fill`, so only the rest is walked
+        done = len(req.fill)
+        rest = as_tokens(req.output_ids)[done - req.prompt_len: req.output_len - 1]
+        if req.prefix_node is not None and req.prefix_len == done:
+            self.tree.insert_below(req.prefix_node, rest, now, req.priority)
+        else:
+            self.tree.insert(as_tokens(req.prompt) + as_tokens(req.output_ids)[
+                : req.output_len - 1], now, req.priority)
         self._release(req, own=own)
         req.state = "finished"
         req.finish_time = now
