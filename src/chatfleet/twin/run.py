@@ -51,6 +51,7 @@ class _Run:
     window_end: float
     route: Route
     horizon: float = float("inf")  # the loop's stop time: a decode run never crosses it
+    step_gen: list[int] = field(default_factory=list)  # per replica: the live step event
     specs: dict[str, RequestSpec] = field(default_factory=dict)
     reqs: dict[str, tuple[int, EngineRequest]] = field(default_factory=dict)
     records: list[RequestRecord] = field(default_factory=list)
@@ -62,7 +63,15 @@ class _Run:
         i = self.route(spec, self.scheds)
         self.specs[spec.request_id] = spec
         self.reqs[spec.request_id] = (i, req)
-        self.scheds[i].add_request(req, now)
+        sched = self.scheds[i]
+        sched.add_request(req, now)
+        if sched.in_flight is not None:
+            # a decode run must stop after the step running now, so the scheduler sees this
+            new_end = sched.truncate_decode_run(now)
+            if new_end is None:
+                return []
+            self.step_gen[i] += 1
+            return [self.loop.at(new_end, self.step_end, (i, self.step_gen[i]))]
         return self._kick(i, now)
 
     def open_arrival(self, spec: RequestSpec, now: float) -> Iterable[Event]:
@@ -73,7 +82,10 @@ class _Run:
             out.append(self.loop.at(nxt.scheduled_time, self.open_arrival, nxt))
         return out
 
-    def step_end(self, i: int, now: float) -> Iterable[Event]:
+    def step_end(self, key: tuple[int, int], now: float) -> Iterable[Event]:
+        i, gen = key
+        if gen != self.step_gen[i]:
+            return []  # a decode run that was cut short since
         res = self.scheds[i].complete(now)
         out: list[Event] = []
         for req in res.finished:
@@ -83,24 +95,18 @@ class _Run:
             nxt = self.driver.on_done(spec, now)
             if nxt is not None and nxt.scheduled_time < self.window_end:
                 out.append(self.loop.at(nxt.scheduled_time, self.arrive, nxt))
-        out.extend(self._kick(i, now, out))
+        out.extend(self._kick(i, now))
         return out
 
-    def _kick(self, i: int, now: float, new: list[Event] | None = None) -> list[Event]:
+    def _kick(self, i: int, now: float) -> list[Event]:
         sched = self.scheds[i]
         if sched.in_flight is not None or not sched.has_work():
             return []
-        # a decode run stops at the next outside event: pending ones and those just created
-        horizon = self.horizon
-        nxt = self.loop.next_time()
-        if nxt is not None:
-            horizon = min(horizon, nxt)
-        for e in new or ():
-            horizon = min(horizon, e.time)
-        step = sched.schedule(now, horizon=horizon)
+        step = sched.schedule(now, horizon=self.horizon)
         if step is None:
             return []
-        return [self.loop.at(step.end, self.step_end, i)]
+        self.step_gen[i] += 1
+        return [self.loop.at(step.end, self.step_end, (i, self.step_gen[i]))]
 
     def _record(self, i: int, spec: RequestSpec, req: EngineRequest,
                 outcome: str) -> RequestRecord:
@@ -161,7 +167,8 @@ def run_point(
         driver = ClosedLoop(workload, int(load["concurrency"]))
     else:
         driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)))
-    run = _Run(scheds, loop, driver, window_end, route, horizon=window_end + drain_s)
+    run = _Run(scheds, loop, driver, window_end, route, horizon=window_end + drain_s,
+               step_gen=[0] * replicas)
     if isinstance(driver, ClosedLoop):
         loop.push(loop.at(s.scheduled_time, run.arrive, s) for s in driver.start())
     else:

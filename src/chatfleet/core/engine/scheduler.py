@@ -26,6 +26,7 @@ running sums. Token times are the global step end times from `join_step` on.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -276,11 +277,12 @@ class Scheduler:
     def schedule(self, now: float, horizon: float | None = None) -> Step | None:
         """Choose the next batch, reserve its KV, and return it with its modelled duration.
 
-        With a `horizon` (the time of the next outside event, from a virtual-time loop), a
-        decode step may be extended into a run of consecutive decode steps, up to the first
-        request that finishes or the first step that ends at or after the horizon: exactly what
-        single steps would do, since nothing can change between them. Without one (a live
-        server, or with the thermal model on) every step is its own."""
+        With a `horizon` (from a virtual-time loop), a decode step may be extended into a run
+        of consecutive decode steps, up to the first request that finishes or the first step
+        that ends at or after the horizon. Nothing inside the engine can change between them;
+        when something arrives from outside, the loop calls `truncate_decode_run`, so the run
+        gives exactly what single steps give. Without a horizon (a live server, or with the
+        thermal model on) every step is its own."""
         if self.in_flight is not None:
             raise RuntimeError("a step is already running")
         if self.thermal is not None and now > self._busy_until:
@@ -455,6 +457,22 @@ class Scheduler:
             self.new_token_ratio = min(
                 1.0, (decoded + cfg.retract_decode_steps * len(self.running)) / total_max_new)
         return retracted
+
+    def truncate_decode_run(self, t: float) -> float | None:
+        """Something arrived at `t` during a decode run: cut the run after the step running at
+        `t`, as single steps would have let the scheduler look again there. Returns the run's
+        new end, or None when nothing changed."""
+        step = self.in_flight
+        if step is None or step.kind != "decode" or len(step.decode_ends) <= 1:
+            return None
+        ends = step.decode_ends
+        keep = bisect.bisect_left(ends, t) + 1
+        if keep >= len(ends):
+            return None
+        self.pool.free(step.num_decode * (len(ends) - keep))
+        del ends[keep:]
+        step.duration = ends[-1] - step.start
+        return ends[-1]
 
     def _clock_factors(self) -> tuple[float, float]:
         if self.thermal is None:
