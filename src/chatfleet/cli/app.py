@@ -6,6 +6,7 @@ import typer
 
 from chatfleet import __version__
 from chatfleet.cli.plan import plan
+from chatfleet.cli.simserver import simserver
 from chatfleet.cli.twin import twin_app
 
 app = typer.Typer(
@@ -16,6 +17,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("plan")(plan)
+app.command("simserver")(simserver)
 app.add_typer(twin_app, name="twin")
 
 

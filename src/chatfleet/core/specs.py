@@ -169,6 +169,8 @@ def model_from_config(name: str, config: Mapping[str, Any]) -> Model:
     try:
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
+        if heads <= 0:
+            raise SpecError(f"config.json for {name!r}: num_attention_heads must be positive")
         head_dim = int(config.get("head_dim") or hidden // heads)
         model = Model(
             name=name,

@@ -11,8 +11,8 @@ Rules (DESIGN.md, and SGLang's scheduler.py / schedule_policy.py):
 - new_token_ratio starts at 0.7 and falls by (0.7 - 0.098) / 600 per decode step to 0.098;
   it returns to 0.7 when nothing runs.
 - A decode step needs one KV slot per running request. When free + evictable cannot give it,
-  requests are retracted (shortest output so far first, then longest input) back to the front of
-  the queue until free + evictable >= 20 x running; the ratio is reset to
+  requests are retracted (shortest output so far first, then longest input) to the back of the
+  queue until free + evictable >= 20 x running; the ratio is reset to
   min(1, (decoded + 20 x running) / sum of max_new); retracted requests are prefilled again with
   their outputs so far and lose nothing else.
 - CUDA graphs cover decode batches up to cuda_graph_max_bs; the step-time model adds the eager
@@ -148,9 +148,11 @@ class Scheduler:
         if prompt_len + max_new_tokens > self.cfg.context_length:
             return (f"prompt ({prompt_len}) plus max_new_tokens ({max_new_tokens}) exceeds the "
                     f"context length ({self.cfg.context_length})")
-        if prompt_len + max_new_tokens > self.pool.capacity_tokens:
-            return (f"prompt ({prompt_len}) plus max_new_tokens ({max_new_tokens}) exceeds the "
-                    f"KV pool ({self.pool.capacity_tokens} tokens)")
+        if prompt_len + max_new_tokens >= self.pool.capacity_tokens:
+            # admission needs prompt + max_new strictly below the budget, so an empty pool
+            # of exactly this size could never take it
+            return (f"prompt ({prompt_len}) plus max_new_tokens ({max_new_tokens}) does not fit "
+                    f"the KV pool ({self.pool.capacity_tokens} tokens)")
         return None
 
     def add_request(self, req: EngineRequest, now: float) -> None:
@@ -361,7 +363,6 @@ class Scheduler:
                     self.num_prefill_input_tokens += len(req.fill)
                     self.num_prefill_cached_tokens += prefix
                     new_cached += prefix
-                reserved += total
                 admitted.append(req)
             extend = min(len(req.fill) - prefix, rem_chunk)
             self._ensure_free(extend, now)
@@ -374,6 +375,9 @@ class Scheduler:
             cached_read += prefix
             if prefix + extend >= len(req.fill):
                 logits += 1
+                # its new tokens are reserved once its prompt is complete (PrefillAdder's
+                # add_one_req and add_chunked_req); the extend itself left `free` above
+                reserved += min(req.max_new_tokens - req.gen_base, CLIP_MAX_NEW_TOKENS)
             else:
                 self.chunked = req  # the rest of its prompt goes first in the next batches
                 break
@@ -450,7 +454,7 @@ class Scheduler:
             req.num_retractions += 1
             self.num_retractions += 1
             retracted.append(req)
-        self.waiting[:0] = reversed(retracted)
+        self.waiting.extend(retracted)  # back of the queue (_extend_requests_to_queue)
         total_max_new = self._sum_max_new
         decoded = self._sum_gen_base + len(self.running) * self.num_decode_steps - self._sum_join
         if total_max_new > 0:
@@ -538,6 +542,7 @@ class Scheduler:
                 req.first_token_time = now
             result.first_tokens.append(req)
             if req.gen_base >= req.output_len:
+                self._close_segment(req)
                 self._finish(req, now, result)
             else:
                 self._enter_running(req)
@@ -551,8 +556,11 @@ class Scheduler:
             self._log(step, t, (used - n * (k - 1 - j)) / cap)
         self.num_decode_steps += k
         self.step_end_times.extend(step.decode_ends)
-        self.new_token_ratio = max(self.cfg.min_new_token_ratio,
-                                   self.new_token_ratio - k * self.ratio_decay)
+        if not self.running:
+            self.new_token_ratio = self.cfg.init_new_token_ratio
+        elif not self._pending_retracted:  # the retraction step keeps its reset value
+            self.new_token_ratio = max(self.cfg.min_new_token_ratio,
+                                       self.new_token_ratio - k * self.ratio_decay)
         last = self.num_decode_steps - 1
         heap = self._finish_heap
         while heap and heap[0][0] <= last:

@@ -1,0 +1,1 @@
+"""The simserver: the engine model served live as an SGLang-like OpenAI replica."""

@@ -1,0 +1,366 @@
+"""The HTTP surface of one simulated replica: OpenAI API plus SGLang's admin routes (aiohttp)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from chatfleet import __version__
+from chatfleet.datasets import QwenTokenizer
+from chatfleet.simserver.api import (
+    AbortRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    error_body,
+    openapi,
+)
+from chatfleet.simserver.generation import AnswerMaker
+from chatfleet.simserver.replica import Handle, Replica
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+HEALTH_GENERATE_TIMEOUT_S = 30.0
+log = logging.getLogger("chatfleet.simserver")
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def bad(message: str, param: str | None = None, status: int = 400) -> web.Response:
+    return json_response(error_body(message, status, param), status)
+
+
+def describe(exc: ValidationError) -> tuple[str, str | None]:
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    return f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg")), loc or None
+
+
+@web.middleware
+async def never_500(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bad input never becomes a 500: the handlers raise BadRequest, anything unexpected is
+    reported as a 500 with a generic message (and would be a bug)."""
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return bad(str(exc), exc.param)
+    except (web.HTTPException, asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return json_response(error_body("internal error in the simserver", 500,
+                                        kind="internal_error"), 500)
+
+
+class ReplicaApp:
+    def __init__(self, replica: Replica, tok: QwenTokenizer, answers: AnswerMaker) -> None:
+        self.replica = replica
+        self.tok = tok
+        self.answers = answers
+        self.app = web.Application(middlewares=[never_500], client_max_size=64 * 1024 * 1024)
+        r = self.app.router
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/v1/completions", self.completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health_generate)
+        r.add_get("/get_server_info", self.server_info)
+        r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_post("/abort_request", self.abort_request)
+        r.add_get("/metrics", self.metrics)
+        r.add_get("/telemetry", self.telemetry)
+        r.add_get("/openapi.json", self.openapi)
+
+    # --- parsing --------------------------------------------------------------------------
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"malformed JSON body: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        return body
+
+    def _max_new(self, prompt_len: int, asked: int | None) -> int:
+        sched = self.replica.sched
+        room = min(sched.cfg.context_length, sched.pool.capacity_tokens) - prompt_len
+        if asked is None:
+            if room < 1:
+                raise BadRequest(f"the prompt ({prompt_len} tokens) leaves no room to answer "
+                                 f"(context {sched.cfg.context_length}, KV pool "
+                                 f"{sched.pool.capacity_tokens})", "messages")
+            return room
+        return asked
+
+    def _admit(self, rid: str | None, prompt: list[int], max_new: int, min_tokens: int,
+               ignore_eos: bool, thinking: bool, stop: list[str]) -> Handle:
+        why = self.replica.check(len(prompt), max_new)
+        if why is not None:
+            raise BadRequest(why, "max_tokens" if "max_new_tokens" in why else None)
+        if min_tokens > max_new:
+            raise BadRequest(f"min_tokens ({min_tokens}) exceeds max_tokens ({max_new})",
+                             "min_tokens")
+        rid = rid or uuid.uuid4().hex
+        if rid in self.replica.handles:
+            raise BadRequest(f"request id {rid!r} is already in use", "rid")
+        answer = self.answers.make(self.replica.rng, max_tokens=max_new, min_tokens=min_tokens,
+                                   ignore_eos=ignore_eos, thinking=thinking, stop=stop)
+        return self.replica.submit(rid, prompt, answer, max_new)
+
+    # --- OpenAI ---------------------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        try:
+            req = ChatCompletionRequest.model_validate(body)
+        except ValidationError as exc:
+            raise BadRequest(*describe(exc)) from None
+        if req.n != 1:
+            raise BadRequest("only n = 1 is supported", "n")
+        kwargs = req.chat_template_kwargs or {}
+        thinking = bool(kwargs.get("enable_thinking", True))
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        for m, orig in zip(messages, req.messages, strict=True):
+            if isinstance(orig.content, list):
+                m["content"] = orig.text()
+        try:
+            text = self.tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                enable_thinking=thinking, tools=req.tools)
+        except Exception as exc:  # the template's raise_exception, or a malformed message
+            raise BadRequest(f"the chat template rejected the messages: {exc}",
+                             "messages") from None
+        prompt = self.tok.encode(text)
+        asked = req.max_completion_tokens or req.max_tokens
+        max_new = self._max_new(len(prompt), asked)
+        h = self._admit(req.rid, prompt, max_new, req.min_tokens, req.ignore_eos, thinking,
+                        req.stop_list())
+        opts = req.stream_options
+        if req.stream:
+            return await self._stream(request, h, "chat", opts.include_usage if opts else False,
+                                      opts.continuous_usage_stats if opts else False)
+        return await self._whole(request, h, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        try:
+            req = CompletionRequest.model_validate(body)
+        except ValidationError as exc:
+            raise BadRequest(*describe(exc)) from None
+        if req.n != 1:
+            raise BadRequest("only n = 1 is supported", "n")
+        if isinstance(req.prompt, str):
+            prompt = self.tok.encode(req.prompt)
+        else:
+            if any(t < 0 or t >= self.tok.vocab_size for t in req.prompt):
+                raise BadRequest("prompt token ids must be in the vocabulary", "prompt")
+            prompt = list(req.prompt)
+        if not prompt:
+            raise BadRequest("the prompt is empty", "prompt")
+        max_new = self._max_new(len(prompt), req.max_tokens)
+        h = self._admit(req.rid, prompt, max_new, req.min_tokens, req.ignore_eos, False,
+                        req.stop_list())
+        opts = req.stream_options
+        if req.stream:
+            return await self._stream(request, h, "text",
+                                      opts.include_usage if opts else False,
+                                      opts.continuous_usage_stats if opts else False)
+        return await self._whole(request, h, "text")
+
+    def _usage(self, h: Handle, completion: int) -> dict[str, Any]:
+        return {"prompt_tokens": h.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": h.prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": h.cached_tokens},
+                "reasoning_tokens": min(completion, h.answer.reasoning_tokens)}
+
+    async def _wait(self, h: Handle) -> list[float]:
+        await h.wake.wait()
+        h.wake.clear()
+        planned = h.pending
+        h.pending = []
+        return planned
+
+    async def _whole(self, request: web.Request, h: Handle, kind: str) -> web.StreamResponse:
+        try:
+            while not (h.finished or h.aborted):
+                planned = await self._wait(h)
+                self.replica.record_sent(h, planned)
+        except asyncio.CancelledError:
+            self.replica.abort(h.rid)
+            raise
+        finally:
+            self.replica.release(h)
+        n = h.emitted
+        pieces = h.answer.pieces[:n]
+        r = min(n, h.answer.reasoning_tokens)
+        reason = "abort" if h.aborted and not h.finished else h.finish_reason
+        created = int(time.time())
+        usage = self._usage(h, n)
+        if kind == "chat":
+            msg: dict[str, Any] = {"role": "assistant", "content": "".join(pieces[r:])}
+            if h.answer.reasoning_tokens:
+                msg["reasoning_content"] = "".join(pieces[:r]).strip("\n")
+            return json_response({
+                "id": h.rid, "object": "chat.completion", "created": created,
+                "model": self.replica.served_model_name,
+                "choices": [{"index": 0, "message": msg, "logprobs": None,
+                             "finish_reason": reason}],
+                "usage": usage})
+        return json_response({
+            "id": h.rid, "object": "text_completion", "created": created,
+            "model": self.replica.served_model_name,
+            "choices": [{"index": 0, "text": "".join(pieces), "logprobs": None,
+                         "finish_reason": reason}],
+            "usage": usage})
+
+    async def _stream(self, request: web.Request, h: Handle, kind: str, include_usage: bool,
+                      continuous: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        model = self.replica.served_model_name
+        created = int(time.time())
+        pieces = h.answer.pieces
+        reasoning = h.answer.reasoning_tokens
+
+        def chunk(delta: dict[str, Any] | None, text: str | None, reason: str | None,
+                  n: int) -> bytes:
+            choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
+            if kind == "chat":
+                choice["delta"] = delta or {}
+            else:
+                choice["text"] = text or ""
+            body: dict[str, Any] = {"id": h.rid, "object": obj, "created": created,
+                                    "model": model, "choices": [choice]}
+            if continuous:
+                body["usage"] = self._usage(h, n)
+            return b"data: " + orjson.dumps(body) + b"\n\n"
+
+        try:
+            await resp.prepare(request)
+            n = 0
+            while True:
+                planned = await self._wait(h)
+                out = []
+                for _ in planned:
+                    piece = pieces[n]
+                    if kind == "chat":
+                        delta: dict[str, Any] = ({"reasoning_content": piece} if n < reasoning
+                                                 else {"content": piece})
+                        if n == 0:
+                            delta["role"] = "assistant"
+                        out.append(chunk(delta, None, None, n + 1))
+                    else:
+                        out.append(chunk(None, piece, None, n + 1))
+                    n += 1
+                if out:
+                    await resp.write(b"".join(out))
+                    self.replica.record_sent(h, planned)
+                if h.finished or h.aborted:
+                    break
+            reason = "abort" if h.aborted and not h.finished else h.finish_reason
+            tail = [chunk({}, "", reason, n)]
+            if include_usage:
+                tail.append(b"data: " + orjson.dumps({
+                    "id": h.rid, "object": obj, "created": created, "model": model,
+                    "choices": [], "usage": self._usage(h, n)}) + b"\n\n")
+            tail.append(b"data: [DONE]\n\n")
+            await resp.write(b"".join(tail))
+            await resp.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.replica.abort(h.rid)  # the client went away: free its KV now
+            raise
+        finally:
+            self.replica.release(h)
+        return resp
+
+    async def models(self, request: web.Request) -> web.Response:
+        sched = self.replica.sched
+        return json_response({"object": "list", "data": [{
+            "id": self.replica.served_model_name, "object": "model", "created": 0,
+            "owned_by": "chatfleet-simserver", "root": self.replica.served_model_name,
+            "max_model_len": sched.cfg.context_length}]})
+
+    # --- SGLang's admin surface -------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        prompt = self.tok.encode("ping")
+        answer = self.answers.make(self.replica.rng, max_tokens=1, ignore_eos=True)
+        h = self.replica.submit(f"health-{uuid.uuid4().hex}", prompt, answer, 1)
+        try:
+            async with asyncio.timeout(HEALTH_GENERATE_TIMEOUT_S):
+                while not (h.finished or h.aborted):
+                    await self._wait(h)
+        except TimeoutError:
+            self.replica.abort(h.rid)
+            return web.Response(status=503, text="generation did not finish in time")
+        finally:
+            self.replica.release(h)
+        return web.Response(text="")
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        rep = self.replica
+        sched = rep.sched
+        spec = rep.spec
+        plan = spec.pool_plan()
+        return json_response({
+            "engine": "chatfleet-simserver", "version": f"chatfleet {__version__}",
+            "model_path": rep.served_model_name, "served_model_name": rep.served_model_name,
+            "gpu": spec.gpu.name, "calibrated": spec.gpu.name == "l4",
+            "dtype": "bfloat16", "quantization": "fp8" if spec.precision.weights == "fp8"
+            else None,
+            "kv_cache_dtype": "fp8_e4m3" if spec.precision.kv_cache == "fp8" else "auto",
+            "mem_fraction_static": plan.mem_fraction_static,
+            "max_total_num_tokens": sched.pool.capacity_tokens,
+            "chunked_prefill_size": sched.cfg.chunked_prefill_size,
+            "max_running_requests": sched.cfg.max_running,
+            "context_length": sched.cfg.context_length,
+            "schedule_policy": sched.cfg.schedule_policy,
+            "radix_eviction_policy": sched.cfg.eviction_policy,
+            "cuda_graph_max_bs": sched.step_model.cuda_graph_max_bs,
+            "page_size": 1, "enable_cache_report": True, "enable_metrics": True,
+            "hicache_size_tokens": sched.cfg.host_pool_tokens,
+            "time_scale": rep.time_scale, "thermal_model": sched.thermal is not None,
+        })
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.replica.flush_cache():
+            return web.Response(text="Cache flushed.\nPlease check backend logs for more "
+                                     "details. (When there are running or waiting requests, "
+                                     "the operation will not be performed.)\n")
+        return web.Response(status=400, text="Cache not flushed. Please check if there are "
+                                             "running or waiting requests.\n")
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        try:
+            req = AbortRequest.model_validate(body)
+        except ValidationError as exc:
+            raise BadRequest(*describe(exc)) from None
+        return json_response({"rid": req.rid, "aborted": self.replica.abort(req.rid)})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.replica.metrics.render(),
+                            content_type="text/plain", charset="utf-8")
+
+    async def telemetry(self, request: web.Request) -> web.Response:
+        return json_response(self.replica.telemetry())
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return json_response(openapi("chatfleet simserver", __version__))
+

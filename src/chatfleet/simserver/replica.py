@@ -1,0 +1,256 @@
+"""One simulated replica: the engine model from core/engine, stepped in wall-clock time.
+
+A step is scheduled at the current model time, and completes when its modelled duration has
+elapsed on the wall clock (divided by the time scale). Model time is wall time since start x
+the time scale; every reported time is model time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from chatfleet.core.calibration import thermal_profile
+from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.engine.scheduler import Step
+from chatfleet.simserver.generation import Answer
+from chatfleet.simserver.metrics import ReplicaMetrics
+
+
+@dataclass(slots=True, eq=False)
+class Handle:
+    """The server side of one request: the engine fills it, the HTTP handler drains it."""
+
+    rid: str
+    answer: Answer
+    prompt_tokens: int
+    req: EngineRequest
+    arrival_wall: float
+    emitted: int = 0  # tokens handed to the stream
+    sent: int = 0  # tokens written to the client
+    pending: list[float] = field(default_factory=list)  # planned model time of unsent tokens
+    finished: bool = False
+    aborted: bool = False
+    finish_reason: str | None = None
+    first_token_model: float | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.req.num_cached_tokens
+
+
+class TraceWriter:
+    """JSON lines, buffered, flushed twice a second and on close."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f: IO[bytes] = open(path, "ab")  # noqa: SIM115 (closed in close())
+        self._buf: list[bytes] = []
+        self._last_flush = time.monotonic()
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._buf.append(orjson.dumps(row) + b"\n")
+        if time.monotonic() - self._last_flush > 0.5:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._buf:
+            self._f.write(b"".join(self._buf))
+            self._f.flush()
+            self._buf.clear()
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+        self._f.close()
+
+
+class Replica:
+    def __init__(self, name: str, spec: EngineSpec, *, time_scale: float = 1.0, seed: int = 0,
+                 trace: TraceWriter | None = None, served_model_name: str = "qwen3-8b") -> None:
+        if time_scale <= 0:
+            raise ValueError("time scale must be positive")
+        self.name = name
+        self.spec = spec
+        self.sched = build_scheduler(spec)
+        self.time_scale = time_scale
+        self.rng = random.Random(seed)
+        self.trace = trace
+        self.served_model_name = served_model_name
+        self.metrics = ReplicaMetrics(served_model_name)
+        self.metrics.max_total_num_tokens.set(self.sched.pool.capacity_tokens)
+        self.handles: dict[str, Handle] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._t0_wall = time.time()
+        self._t0_mono = time.monotonic()
+        self.num_lag_samples = 0
+        self.profile = thermal_profile(spec.gpu)
+
+    # --- clocks ---------------------------------------------------------------------------
+    def model_now(self) -> float:
+        return (time.monotonic() - self._t0_mono) * self.time_scale
+
+    def mono_at(self, model_t: float) -> float:
+        return self._t0_mono + model_t / self.time_scale
+
+    def unix_at(self, model_t: float) -> float:
+        return self._t0_wall + model_t / self.time_scale
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._t0_wall = time.time()
+        self._t0_mono = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for h in list(self.handles.values()):
+            h.aborted = True
+            h.wake.set()
+
+    # --- requests -------------------------------------------------------------------------
+    def check(self, prompt_len: int, max_new: int) -> str | None:
+        return self.sched.check_request(prompt_len, max_new)
+
+    def submit(self, rid: str, prompt: Iterable[int], answer: Answer, max_new: int) -> Handle:
+        from array import array
+
+        ids = array("q", prompt)
+        req = EngineRequest(rid, ids, answer.ids, max_new)
+        h = Handle(rid, answer, len(ids), req, time.monotonic())
+        req.tag = h
+        self.sched.add_request(req, self.model_now())
+        self.handles[rid] = h
+        self.metrics.on_arrival(len(ids))
+        self._wake.set()
+        return h
+
+    def abort(self, rid: str) -> bool:
+        """Abort a request at once and free its KV (a disconnect, or /abort_request)."""
+        h = self.handles.pop(rid, None)
+        if h is None:
+            return False
+        self.sched.abort(rid)
+        h.aborted = True
+        h.finish_reason = "abort"
+        h.wake.set()
+        self.metrics.num_aborted.inc()
+        self._wake.set()
+        return True
+
+    def release(self, h: Handle) -> None:
+        self.handles.pop(h.rid, None)
+
+    def flush_cache(self) -> bool:
+        ok = self.sched.flush()
+        if ok:
+            self.metrics.on_flush()
+        return ok
+
+    # --- the engine loop ------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            if not self.sched.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            now = self.model_now()
+            step = self.sched.schedule(now)
+            if step is None:  # nothing admissible and nothing running: wait for a change
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            delay = self.mono_at(step.end) - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._complete(step)
+
+    def _complete(self, step: Step) -> None:
+        res = self.sched.complete(step.end)
+        t = step.end
+        if step.kind == "prefill":
+            for req in res.first_tokens:
+                self._emit(req, t)
+            for req in res.finished:
+                self._finish(req)
+        else:
+            for req in self.sched.running.values():
+                self._emit(req, t)
+            for req in res.finished:
+                self._emit(req, t)
+                self._finish(req)
+        if res.retracted:
+            self.metrics.num_retractions.inc(len(res.retracted))
+        self.metrics.on_step(self.sched, step)
+        if self.trace is not None:
+            row = self.sched.log[-1]
+            self.trace.write({
+                "type": "step", "replica": self.name, "t": t, "kind": step.kind,
+                "batch": row[2], "prefill_tokens": row[3], "decode_tokens": row[4],
+                "running": row[5], "queue": row[6], "token_usage": round(float(row[7]), 5),  # type: ignore[arg-type]
+                "lag_ms": round((time.monotonic() - self.mono_at(t)) * 1000, 3),
+            })
+
+    def _emit(self, req: EngineRequest, t: float) -> None:
+        h = req.tag
+        if not isinstance(h, Handle) or h.aborted:
+            return
+        if h.first_token_model is None:
+            h.first_token_model = t
+        h.emitted += 1
+        h.pending.append(t)
+        self.metrics.generation_tokens.inc()
+        h.wake.set()
+
+    def _finish(self, req: EngineRequest) -> None:
+        h = req.tag
+        if not isinstance(h, Handle):
+            return
+        h.finished = True
+        h.finish_reason = h.answer.finish_reason
+        h.wake.set()
+        self.metrics.on_finish(h, req, self)
+
+    # --- stream side ----------------------------------------------------------------------
+    def record_sent(self, h: Handle, planned: list[float]) -> None:
+        """The handler wrote these tokens to the client now: trace planned against actual."""
+        if self.trace is None:
+            return
+        actual_mono = time.monotonic()
+        actual = (actual_mono - self._t0_mono) * self.time_scale
+        unix = time.time()
+        for p in planned:
+            h.sent += 1
+            self.trace.write({
+                "type": "token", "replica": self.name, "rid": h.rid, "index": h.sent - 1,
+                "planned": p, "actual": actual, "planned_unix": self.unix_at(p),
+                "actual_unix": unix,
+            })
+
+    def telemetry(self) -> dict[str, Any]:
+        th = self.sched.thermal
+        base: dict[str, Any] = {"time": self.model_now(), "time_scale": self.time_scale,
+                                "gpu": self.spec.gpu.name}
+        if th is None:
+            base.update(sm_clock_mhz=self.profile.loaded_mhz, temp_c=None, power_w=None,
+                        thermal_slowdown=False, thermal_model=False)
+        else:
+            base.update(th.snapshot())
+            base["thermal_model"] = True
+        base["clock_event_reasons"] = (["hw_thermal_slowdown"] if base["thermal_slowdown"]
+                                       else [])
+        return base

@@ -1,0 +1,290 @@
+"""Workload generators: length conventions, seeding, prompt groups, multi-turn prefixes,
+closed-loop users and open-loop arrivals."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from typing import Any
+
+import pytest
+
+from chatfleet.core.workload import (
+    ClosedLoop,
+    LengthSpec,
+    OpenLoop,
+    RequestSpec,
+    Workload,
+    WorkloadConfig,
+    WorkloadError,
+    segment_tokens,
+)
+
+
+def workload(seed: int = 1, **kw: Any) -> Workload:
+    kw.setdefault("system_prompt_tokens", 100)
+    return Workload(WorkloadConfig(**kw), random.Random(seed))
+
+
+def spec_key(s: RequestSpec) -> tuple[object, ...]:
+    return (s.request_id, s.session_id, s.user, s.turn, s.group, s.segments, s.output_segments,
+            s.max_new_tokens, s.scheduled_time)
+
+
+# ------------------------------------------------------------------------------------------
+# lengths
+
+
+def sample_many(spec: LengthSpec, n: int = 6000, seed: int = 3) -> tuple[list[int], list[int]]:
+    rng = random.Random(seed)
+    pairs = [spec.sample(rng) for _ in range(n)]
+    return [i for i, _ in pairs], [o for _, o in pairs]
+
+
+def test_sglang_uniform_convention() -> None:
+    # [max(int(len * r), 1), len]: 100 * 0.25 -> [25, 100]; int(50 * 0.25) = 12 -> [12, 50]
+    ins, outs = sample_many(LengthSpec("uniform", 100, 50, range_ratio=0.25))
+    assert (min(ins), max(ins)) == (25, 100)
+    assert (min(outs), max(outs)) == (12, 50)
+    assert len(set(ins)) == 76  # every integer of the range shows up
+
+
+def test_sglang_uniform_ratio_zero_starts_at_one() -> None:
+    ins, _ = sample_many(LengthSpec("uniform", 20, 5, range_ratio=0.0))
+    assert (min(ins), max(ins)) == (1, 20)
+
+
+def test_sglang_uniform_ratio_one_is_fixed() -> None:
+    ins, outs = sample_many(LengthSpec("uniform", 20, 5, range_ratio=1.0), n=200)
+    assert set(ins) == {20}
+    assert set(outs) == {5}
+
+
+def test_vllm_uniform_convention() -> None:
+    # [floor(len * (1 - r)), ceil(len * (1 + r))]: 100, 0.25 -> [75, 125]; 50 -> [37, 63]
+    spec = LengthSpec("uniform", 100, 50, range_ratio=0.25, convention="vllm")
+    ins, outs = sample_many(spec)
+    assert (min(ins), max(ins)) == (75, 125)
+    assert (min(outs), max(outs)) == (37, 63)
+    assert spec.max_lengths() == (125, 63)
+
+
+def test_fixed_lengths() -> None:
+    ins, outs = sample_many(LengthSpec("fixed", 512, 128), n=50)
+    assert set(ins) == {512}
+    assert set(outs) == {128}
+
+
+def test_pairs_are_drawn_from_the_list() -> None:
+    pairs = ((10, 1), (20, 2), (30, 3))
+    rng = random.Random(5)
+    spec = LengthSpec("file", pairs=pairs)
+    drawn = {spec.sample(rng) for _ in range(300)}
+    assert drawn == set(pairs)
+    assert spec.max_lengths() == (30, 3)
+
+
+# ------------------------------------------------------------------------------------------
+# seeding, groups, sessions
+
+
+def closed_loop_trace(seed: int) -> list[tuple[object, ...]]:
+    wl = workload(seed, lengths=LengthSpec("uniform", 200, 100, range_ratio=0.5), turns=3,
+                  think_time_s=2.0, prompt_groups=2)
+    loop = ClosedLoop(wl, 4)
+    specs = loop.start()
+    out = [spec_key(s) for s in specs]
+    for k in range(12):
+        nxt = loop.on_done(specs[k % 4], now=float(k))
+        specs[k % 4] = nxt
+        out.append(spec_key(nxt))
+    return out
+
+
+def test_same_seed_same_specs() -> None:
+    assert closed_loop_trace(11) == closed_loop_trace(11)
+    assert closed_loop_trace(11) != closed_loop_trace(12)
+
+
+def test_prompt_groups_round_robin_and_shared_system_segment() -> None:
+    wl = workload(prompt_groups=3, system_prompt_tokens=64)
+    specs = ClosedLoop(wl, 7).start()
+    assert [s.group for s in specs] == [0, 1, 2, 0, 1, 2, 0]
+    first = [s.prompt_ids()[:64] for s in specs]
+    for a, sa in zip(first, specs, strict=True):
+        for b, sb in zip(first, specs, strict=True):
+            assert (a == b) == (sa.group == sb.group)
+    # the rest of the prompt is the user's own
+    assert specs[0].prompt_ids()[64:] != specs[3].prompt_ids()[64:]
+
+
+def test_no_system_prompt() -> None:
+    wl = workload(system_prompt_tokens=0, lengths=LengthSpec("fixed", 30, 10))
+    spec = ClosedLoop(wl, 1).start()[0]
+    assert spec.prompt_len == 30
+    assert len(spec.segments) == 1
+
+
+@pytest.mark.parametrize("reasoning_share", [0.0, 0.25])
+def test_multi_turn_prompt_extends_the_previous_one(reasoning_share: float) -> None:
+    wl = workload(lengths=LengthSpec("fixed", 50, 40), turns=3,
+                  reasoning_share=reasoning_share)
+    loop = ClosedLoop(wl, 1)
+    t0 = loop.start()[0]
+    t1 = loop.on_done(t0, 10.0)
+    t2 = loop.on_done(t1, 20.0)
+    assert (t0.turn, t1.turn, t2.turn) == (0, 1, 2)
+    assert t0.session_id == t1.session_id == t2.session_id
+    reasoning = int(40 * reasoning_share)  # 0 or 10
+    content = 40 - reasoning
+    # prompt lengths: 100 + 50, then + 30/40 content + 50 per turn
+    assert t0.prompt_len == 150
+    assert t1.prompt_len == 150 + content + 50
+    assert t2.prompt_len == t1.prompt_len + content + 50
+    for prev, cur in ((t0, t1), (t1, t2)):
+        assert prev.output_len == 40
+        assert prev.max_new_tokens == 40
+        out = prev.output_ids()
+        shared = prev.prompt_ids() + out[reasoning:]
+        assert cur.prompt_ids()[: len(shared)] == shared
+        # the reasoning is dropped from the next prompt
+        assert not set(out[:reasoning]) & set(cur.prompt_ids())
+
+
+def test_segment_tokens_are_distinct_per_segment() -> None:
+    toks = segment_tokens([(1, 3), (2, 2)])
+    assert list(toks) == [1 << 24, (1 << 24) + 1, (1 << 24) + 2, 2 << 24, (2 << 24) + 1]
+
+
+# ------------------------------------------------------------------------------------------
+# closed loop
+
+
+def test_closed_loop_start_all_at_once() -> None:
+    specs = ClosedLoop(workload(), 5).start()
+    assert len(specs) == 5
+    assert [s.scheduled_time for s in specs] == [0.0] * 5
+    assert [s.user for s in specs] == [0, 1, 2, 3, 4]
+    assert len({s.session_id for s in specs}) == 5
+
+
+def test_closed_loop_ramp_up() -> None:
+    specs = ClosedLoop(workload(ramp_up_s=10.0), 4).start()
+    assert [s.scheduled_time for s in specs] == [0.0, 2.5, 5.0, 7.5]
+
+
+def test_closed_loop_new_session_after_last_turn() -> None:
+    wl = workload(lengths=LengthSpec("fixed", 20, 10), turns=2, think_time_s=3.0,
+                  think_dist="fixed")
+    loop = ClosedLoop(wl, 1)
+    a0 = loop.start()[0]
+    a1 = loop.on_done(a0, 5.0)
+    assert a1.session_id == a0.session_id
+    assert a1.turn == 1
+    assert a1.scheduled_time == 8.0  # now + fixed think time
+    b0 = loop.on_done(a1, 9.0)
+    assert b0.session_id != a0.session_id
+    assert b0.turn == 0
+    assert b0.user == 0
+    assert b0.prompt_len == 100 + 20  # fresh history: system prompt and the new message
+
+
+def test_exponential_think_time_mean() -> None:
+    wl = workload(think_time_s=2.0)
+    times = [wl.think_time() for _ in range(20_000)]
+    assert statistics.fmean(times) == pytest.approx(2.0, rel=0.05)
+    assert workload(think_time_s=0.0).think_time() == 0.0
+
+
+# ------------------------------------------------------------------------------------------
+# open loop
+
+
+def interarrivals(rate: float, burstiness: float, n: int = 20_000) -> list[float]:
+    loop = OpenLoop(workload(seed=9), rate, burstiness)
+    return [loop.interarrival() for _ in range(n)]
+
+
+def cv(xs: list[float]) -> float:
+    return statistics.pstdev(xs) / statistics.fmean(xs)
+
+
+def test_poisson_interarrival() -> None:
+    xs = interarrivals(4.0, 1.0)
+    assert statistics.fmean(xs) == pytest.approx(0.25, rel=0.03)
+    assert cv(xs) == pytest.approx(1.0, rel=0.05)
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 4.0])
+def test_gamma_burstiness(burstiness: float) -> None:
+    xs = interarrivals(2.0, burstiness)
+    assert statistics.fmean(xs) == pytest.approx(0.5, rel=0.05)
+    assert cv(xs) == pytest.approx(1 / math.sqrt(burstiness), rel=0.10)
+
+
+def test_open_loop_sessions() -> None:
+    wl = workload(turns=2, think_time_s=1.0, think_dist="fixed")
+    loop = OpenLoop(wl, 1.0)
+    a = loop.next_arrival(0.0)
+    b = loop.next_arrival(a.scheduled_time)
+    assert 0.0 < a.scheduled_time < b.scheduled_time
+    assert a.session_id != b.session_id
+    assert a.user != b.user
+    a1 = loop.on_done(a, 5.0)
+    assert a1 is not None
+    assert (a1.session_id, a1.turn, a1.scheduled_time) == (a.session_id, 1, 6.0)
+    assert loop.on_done(a1, 7.0) is None  # its last turn
+    assert loop.on_done(a1, 8.0) is None  # unknown session by now
+
+
+# ------------------------------------------------------------------------------------------
+# bad input
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"kind": "fixed", "input_len": 0},
+        {"kind": "fixed", "output_len": 0},
+        {"kind": "uniform", "input_len": -5},
+        {"kind": "uniform", "range_ratio": -0.1},
+        {"kind": "uniform", "range_ratio": 1.1},
+        {"kind": "uniform", "range_ratio": 1.0, "convention": "vllm"},
+        {"kind": "uniform", "convention": "trt"},
+        {"kind": "sharegpt", "pairs": ()},
+        {"kind": "file", "pairs": ((10, 0),)},
+    ],
+)
+def test_bad_lengths(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(WorkloadError):
+        LengthSpec(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"prompt_groups": 0},
+        {"turns": 0},
+        {"think_time_s": -1.0},
+        {"ramp_up_s": -1.0},
+        {"system_prompt_tokens": -1},
+        {"reasoning_share": 1.0},
+        {"reasoning_share": -0.1},
+    ],
+)
+def test_bad_workload_config(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(WorkloadError):
+        WorkloadConfig(**kwargs)
+
+
+@pytest.mark.parametrize("users", [0, -3])
+def test_bad_user_count(users: int) -> None:
+    with pytest.raises(WorkloadError):
+        ClosedLoop(workload(), users)
+
+
+@pytest.mark.parametrize(("rate", "burstiness"), [(0.0, 1.0), (-1.0, 1.0), (1.0, 0.0)])
+def test_bad_arrivals(rate: float, burstiness: float) -> None:
+    with pytest.raises(WorkloadError):
+        OpenLoop(workload(), rate, burstiness)
