@@ -152,9 +152,14 @@ def test_multi_turn_prompt_extends_the_previous_one(reasoning_share: float) -> N
         assert not set(out[:reasoning]) & set(cur.prompt_ids())
 
 
-def test_segment_tokens_are_distinct_per_segment() -> None:
+def test_segment_tokens_are_vocabulary_ids_distinct_per_segment() -> None:
     toks = segment_tokens([(1, 3), (2, 2)])
-    assert list(toks) == [1 << 24, (1 << 24) + 1, (1 << 24) + 2, 2 << 24, (2 << 24) + 1]
+    v = 151643
+    assert list(toks) == [7919 % v, (7919 + 104729) % v, (7919 + 2 * 104729) % v,
+                          (2 * 7919) % v, (2 * 7919 + 104729) % v]
+    firsts = [segment_tokens([(s, 1)])[0] for s in range(1, 5000)]
+    assert len(set(firsts)) == len(firsts)  # no two segments share a first token
+    assert all(0 <= t < v for t in segment_tokens([(123456, 4000)]))
 
 
 # ------------------------------------------------------------------------------------------

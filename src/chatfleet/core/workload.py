@@ -23,7 +23,13 @@ import numpy as np
 LengthKind = Literal["fixed", "uniform", "sharegpt", "file"]
 RangeConvention = Literal["sglang", "vllm"]
 
-SEGMENT_SHIFT = 24  # token ids of segment s are s << 24 .. (s << 24) + length - 1
+# Synthetic token ids: token j of segment s is (s x 7919 + j x 104729) mod 151643, so every
+# id is an ordinary Qwen3 vocabulary id (below the special tokens) and the same prompts can be
+# sent to a live engine as token ids; the first tokens of two segments differ whenever their
+# ids differ modulo 151643, so segments never share a spurious cached prefix.
+SYNTH_VOCAB = 151643
+_SEG_MUL = 7919
+_POS_MUL = 104729
 
 
 class WorkloadError(ValueError):
@@ -155,8 +161,8 @@ def segment_tokens(segments: Sequence[tuple[int, int]]) -> array[int]:
     """Synthetic token ids for a list of (segment id, length), as array('q')."""
     out = array("q")
     for sid, n in segments:
-        base = sid << SEGMENT_SHIFT
-        out.frombytes(np.arange(base, base + n, dtype=np.int64).tobytes())
+        ids = (sid * _SEG_MUL + np.arange(n, dtype=np.int64) * _POS_MUL) % SYNTH_VOCAB
+        out.frombytes(ids.tobytes())
     return out
 
 

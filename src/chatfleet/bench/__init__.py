@@ -1,0 +1,1 @@
+"""The live harness: client, drivers, sweeps, telemetry."""

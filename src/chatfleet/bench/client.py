@@ -1,0 +1,144 @@
+"""The harness's HTTP client: OpenAI streaming with every token's arrival recorded.
+
+aiohttp's defaults have distorted other harnesses' results: its connector allows 100
+connections (the rest queue inside the client, invisible to the measurement) and its read
+buffer is 64 KB. Here the connection limit is off and the read buffer is 1 MiB.
+
+Token counts per chunk come from `usage.completion_tokens` with
+`stream_options.continuous_usage_stats` (SGLang, vLLM and the simserver honour it); a chunk
+that carries k tokens has its gap split evenly over them (metrics.expand_chunks). Where an
+engine does not send running usage, each chunk with text counts as one token and the record is
+marked `itl_estimated`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from chatfleet.core.metrics import expand_chunks
+from chatfleet.core.records import RequestRecord
+
+READ_BUFSIZE = 1 << 20
+
+
+@dataclass(slots=True)
+class Clock:
+    """Model time: wall seconds since `t0`, times the target's time scale."""
+
+    scale: float = 1.0
+    t0: float = field(default_factory=time.monotonic)
+
+    def now(self) -> float:
+        return (time.monotonic() - self.t0) * self.scale
+
+    def wall_at(self, model_t: float) -> float:
+        return self.t0 + model_t / self.scale
+
+    async def sleep_until(self, model_t: float) -> None:
+        delay = self.wall_at(model_t) - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+def make_session(read_timeout_s: float = 600.0) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=read_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                 read_bufsize=READ_BUFSIZE, json_serialize=lambda o:
+                                 orjson.dumps(o).decode())
+
+
+@dataclass(slots=True)
+class StreamOutcome:
+    record: RequestRecord
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    asked_tokens: int | None = None
+    finish_reason: str | None = None
+
+
+def _delta_has_text(choice: dict[str, Any]) -> bool:
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return bool(delta.get("content") or delta.get("reasoning_content")
+                    or delta.get("reasoning") or delta.get("tool_calls"))
+    return bool(choice.get("text"))
+
+
+async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, Any],
+                 record: RequestRecord, clock: Clock,
+                 headers: dict[str, str] | None = None,
+                 on_chunk: Callable[[float, int], None] | None = None) -> StreamOutcome:
+    """POST a streaming request and record it. Never raises for HTTP or stream errors: they
+    become the record's outcome (shed for 429, error otherwise)."""
+    out = StreamOutcome(record, asked_tokens=payload.get("max_tokens"))
+    record.send_time = clock.now()
+    prev_tokens = 0
+    estimated = False
+    try:
+        async with session.post(url, json=payload, headers=headers) as resp:
+            if resp.status != 200:
+                body = (await resp.read())[:500].decode("utf-8", "replace")
+                record.outcome = "shed" if resp.status == 429 else "error"
+                record.error = f"HTTP {resp.status}: {body}"
+                if resp.status == 429:
+                    record.error += f" (retry-after {resp.headers.get('retry-after')})"
+                return out
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                t = clock.now()
+                try:
+                    obj = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    record.outcome = "error"
+                    record.error = f"malformed stream chunk: {data[:200]!r}"
+                    return out
+                if "error" in obj and not obj.get("choices"):
+                    record.outcome = "error"
+                    record.error = str(obj["error"])[:500]
+                    return out
+                usage = obj.get("usage")
+                choices = obj.get("choices") or []
+                n = 0
+                if isinstance(usage, dict):
+                    details = usage.get("prompt_tokens_details") or {}
+                    record.cached_tokens = int(details.get("cached_tokens") or 0)
+                    record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    total = int(usage.get("completion_tokens") or 0)
+                    if choices:
+                        n = total - prev_tokens
+                        prev_tokens = total
+                elif choices and _delta_has_text(choices[0]):
+                    n = 1
+                    prev_tokens += 1
+                    estimated = True
+                if choices and choices[0].get("finish_reason"):
+                    out.finish_reason = choices[0]["finish_reason"]
+                if n > 0:
+                    out.chunk_times.append(t)
+                    out.chunk_tokens.append(n)
+                    if on_chunk is not None:
+                        on_chunk(t, n)
+    except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+        record.outcome = "error"
+        record.error = f"{type(exc).__name__}: {exc}"[:500]
+    if out.chunk_times:
+        record.token_times = expand_chunks(None, out.chunk_times, out.chunk_tokens)
+        record.first_token_time = out.chunk_times[0]
+    record.output_tokens = sum(out.chunk_tokens)
+    record.itl_estimated = estimated
+    if record.outcome == "ok" and not out.chunk_times:
+        record.outcome = "error"
+        record.error = record.error or "the stream ended without a token"
+    return out

@@ -1,0 +1,148 @@
+"""Load drivers against live targets: the same workloads as the twin, over HTTP.
+
+Closed loop: N users each send, wait for the last token, think, send again (all starting at
+once unless a ramp-up is asked for). Open loop: sessions arrive on the workload's schedule
+whatever the server does. Every loop is bounded: nothing is sent after the window ends, and
+the drain after it has a time limit, after which unfinished requests are cancelled and kept as
+timeouts.
+
+The driver also measures itself: send lag (how late each request left against its schedule)
+and event-loop lag (how late a 10 ms timer fires), so a run where the client fell behind can
+be set aside instead of being reported as the server's latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from chatfleet.bench.client import Clock, StreamOutcome, stream
+from chatfleet.core.records import RequestRecord
+from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec
+
+# (spec) -> (url path, JSON body)
+Payload = Callable[[RequestSpec], tuple[str, dict[str, Any]]]
+LOOP_PROBE_S = 0.010
+
+
+def completions_with_ids(model: str, ignore_eos: bool = True) -> Payload:
+    """/v1/completions with the prompt as token ids: the twin's exact token sequence (SGLang,
+    vLLM and the simserver accept token-id prompts)."""
+
+    def build(spec: RequestSpec) -> tuple[str, dict[str, Any]]:
+        return "/v1/completions", {
+            "model": model, "prompt": spec.prompt_ids().tolist(),
+            "max_tokens": spec.max_new_tokens, "ignore_eos": ignore_eos,
+            "min_tokens": spec.max_new_tokens if ignore_eos else 0,
+            "stream": True, "temperature": 0.0,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+
+    return build
+
+
+@dataclass(slots=True)
+class DriveResult:
+    records: list[RequestRecord]
+    outcomes: list[StreamOutcome]
+    send_lag_ms: list[float] = field(default_factory=list)
+    loop_lag_ms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+class _LoopLag:
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(LOOP_PROBE_S)
+            self.samples.append(max(0.0, (time.monotonic() - t - LOOP_PROBE_S) * 1000))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payload, *,
+                window_end: float, drain_s: float, clock: Clock,
+                session: aiohttp.ClientSession,
+                route: Callable[[RequestSpec, int], int] | None = None,
+                headers: dict[str, str] | None = None) -> DriveResult:
+    """Run one load point (model times throughout; `clock` converts a time-scaled target)."""
+    route = route or (lambda spec, n: spec.user % n)
+    res = DriveResult([], [])
+    lag = _LoopLag()
+    lag.start()
+    tasks: set[asyncio.Task[None]] = set()
+    t_start = time.monotonic()
+
+    async def send(spec: RequestSpec) -> StreamOutcome:
+        await clock.sleep_until(spec.scheduled_time)
+        res.send_lag_ms.append(max(0.0, (clock.now() - spec.scheduled_time) * 1000
+                                   / clock.scale))
+        rec = RequestRecord(spec.request_id, spec.session_id, spec.turn,
+                            scheduled_time=spec.scheduled_time,
+                            prompt_tokens=spec.prompt_len)
+        res.records.append(rec)
+        i = route(spec, len(targets))
+        rec.replica = targets[i]
+        path, body = payload(spec)
+        try:
+            out = await stream(session, targets[i] + path, body, rec, clock, headers)
+        except asyncio.CancelledError:
+            rec.outcome = "timeout"
+            rec.error = "not finished within the drain limit"
+            raise
+        res.outcomes.append(out)
+        return out
+
+    async def user(spec: RequestSpec | None) -> None:
+        assert isinstance(driver, ClosedLoop)
+        while spec is not None and spec.scheduled_time < window_end:
+            await send(spec)
+            spec = driver.on_done(spec, clock.now())
+
+    async def session_turns(spec: RequestSpec) -> None:
+        assert isinstance(driver, OpenLoop)
+        nxt: RequestSpec | None = spec
+        while nxt is not None and nxt.scheduled_time < window_end:
+            await send(nxt)
+            nxt = driver.on_done(nxt, clock.now())
+
+    if isinstance(driver, ClosedLoop):
+        for spec in driver.start():
+            tasks.add(asyncio.create_task(user(spec)))
+    else:
+        spec = driver.next_arrival(0.0)
+        while spec.scheduled_time < window_end:
+            await clock.sleep_until(spec.scheduled_time)
+            tasks.add(asyncio.create_task(session_turns(spec)))
+            tasks = {t for t in tasks if not t.done()}
+            spec = driver.next_arrival(spec.scheduled_time)
+    await clock.sleep_until(window_end)
+    pending = {t for t in tasks if not t.done()}
+    if pending:
+        _, still = await asyncio.wait(pending, timeout=drain_s / clock.scale)
+        for t in still:
+            t.cancel()
+        for t in still:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+    await lag.stop()
+    res.loop_lag_ms = lag.samples
+    res.wall_s = time.monotonic() - t_start
+    return res
