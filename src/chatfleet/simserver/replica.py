@@ -75,6 +75,9 @@ class TraceWriter:
         self._f.close()
 
 
+RESYNC_WALL_S = 0.050
+
+
 class Replica:
     def __init__(self, name: str, spec: EngineSpec, *, time_scale: float = 1.0, seed: int = 0,
                  trace: TraceWriter | None = None, served_model_name: str = "qwen3-8b") -> None:
@@ -163,12 +166,22 @@ class Replica:
 
     # --- the engine loop ------------------------------------------------------------------
     async def _run(self) -> None:
+        last_end: float | None = None
         while True:
             if not self.sched.has_work():
+                if self.trace is not None:
+                    self.trace.flush()
                 self._wake.clear()
                 await self._wake.wait()
+                last_end = None
                 continue
+            # Back to back steps follow the model's timeline: the next step starts when the
+            # last one ended in model time, so the server's own per-step overhead (emission,
+            # bookkeeping) does not stretch model time. If the server falls more than
+            # RESYNC_WALL_S behind, it starts from the present instead (and the trace shows it).
             now = self.model_now()
+            if last_end is not None and (now - last_end) / self.time_scale < RESYNC_WALL_S:
+                now = last_end
             step = self.sched.schedule(now)
             if step is None:  # nothing admissible and nothing running: wait for a change
                 self._wake.clear()
@@ -178,6 +191,7 @@ class Replica:
             if delay > 0:
                 await asyncio.sleep(delay)
             self._complete(step)
+            last_end = step.end
 
     def _complete(self, step: Step) -> None:
         res = self.sched.complete(step.end)
