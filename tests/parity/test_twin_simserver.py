@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chatfleet.bench.parity import run_parity
+from chatfleet.parity import run_parity
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import find_knee
 from chatfleet.core.specs import builtin_model, get_gpu, precision

@@ -62,6 +62,11 @@ class StreamOutcome:
     chunk_tokens: list[int] = field(default_factory=list)
     asked_tokens: int | None = None
     finish_reason: str | None = None
+    text_parts: list[str] = field(default_factory=list)  # the answer's content (no reasoning)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
 
 
 def _delta_has_text(choice: dict[str, Any]) -> bool:
@@ -70,6 +75,15 @@ def _delta_has_text(choice: dict[str, Any]) -> bool:
         return bool(delta.get("content") or delta.get("reasoning_content")
                     or delta.get("reasoning") or delta.get("tool_calls"))
     return bool(choice.get("text"))
+
+
+def _content(choice: dict[str, Any]) -> str | None:
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        c = delta.get("content")
+        return c if isinstance(c, str) else None
+    t = choice.get("text")
+    return t if isinstance(t, str) else None
 
 
 async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, Any],
@@ -123,6 +137,10 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
                     n = 1
                     prev_tokens += 1
                     estimated = True
+                if choices:
+                    piece = _content(choices[0])
+                    if piece:
+                        out.text_parts.append(piece)
                 if choices and choices[0].get("finish_reason"):
                     out.finish_reason = choices[0]["finish_reason"]
                 if n > 0:

@@ -54,6 +54,7 @@ class DriveResult:
     send_lag_ms: list[float] = field(default_factory=list)
     loop_lag_ms: list[float] = field(default_factory=list)
     wall_s: float = 0.0
+    interrupted: bool = False
 
 
 class _LoopLag:
@@ -81,9 +82,11 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
                 window_end: float, drain_s: float, clock: Clock,
                 session: aiohttp.ClientSession,
                 route: Callable[[RequestSpec, int], int] | None = None,
-                headers: dict[str, str] | None = None) -> DriveResult:
+                headers: dict[str, str] | None = None,
+                stop: asyncio.Event | None = None) -> DriveResult:
     """Run one load point (model times throughout; `clock` converts a time-scaled target)."""
     route = route or (lambda spec, n: spec.user % n)
+    stop = stop or asyncio.Event()  # set it to end the window early (Ctrl-C)
     res = DriveResult([], [])
     lag = _LoopLag()
     lag.start()
@@ -108,32 +111,47 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
             rec.error = "not finished within the drain limit"
             raise
         res.outcomes.append(out)
+        on_answer = getattr(payload, "on_answer", None)
+        if on_answer is not None and rec.outcome == "ok":
+            on_answer(spec, out.text)
         return out
+
+    def done(spec: RequestSpec, nxt: RequestSpec | None) -> None:
+        end = getattr(payload, "end_session", None)
+        if end is not None and (nxt is None or nxt.session_id != spec.session_id):
+            end(spec.session_id)
 
     async def user(spec: RequestSpec | None) -> None:
         assert isinstance(driver, ClosedLoop)
-        while spec is not None and spec.scheduled_time < window_end:
+        while spec is not None and spec.scheduled_time < window_end and not stop.is_set():
             await send(spec)
-            spec = driver.on_done(spec, clock.now())
+            nxt = driver.on_done(spec, clock.now())
+            done(spec, nxt)
+            spec = nxt
 
     async def session_turns(spec: RequestSpec) -> None:
         assert isinstance(driver, OpenLoop)
         nxt: RequestSpec | None = spec
-        while nxt is not None and nxt.scheduled_time < window_end:
+        while nxt is not None and nxt.scheduled_time < window_end and not stop.is_set():
             await send(nxt)
-            nxt = driver.on_done(nxt, clock.now())
+            cur, nxt = nxt, driver.on_done(nxt, clock.now())
+            done(cur, nxt)
 
     if isinstance(driver, ClosedLoop):
         for spec in driver.start():
             tasks.add(asyncio.create_task(user(spec)))
     else:
         spec = driver.next_arrival(0.0)
-        while spec.scheduled_time < window_end:
+        while spec.scheduled_time < window_end and not stop.is_set():
             await clock.sleep_until(spec.scheduled_time)
             tasks.add(asyncio.create_task(session_turns(spec)))
             tasks = {t for t in tasks if not t.done()}
             spec = driver.next_arrival(spec.scheduled_time)
-    await clock.sleep_until(window_end)
+    stop_wait = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([stop_wait], timeout=max(0.0, clock.wall_at(window_end)
+                                                 - time.monotonic()))
+    stop_wait.cancel()
+    res.interrupted = stop.is_set()
     pending = {t for t in tasks if not t.done()}
     if pending:
         _, still = await asyncio.wait(pending, timeout=drain_s / clock.scale)

@@ -7,6 +7,7 @@ import typer
 from chatfleet import __version__
 from chatfleet.cli.plan import plan
 from chatfleet.cli.simserver import simserver
+from chatfleet.cli.sweep import sweep
 from chatfleet.cli.twin import twin_app
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 app.command("plan")(plan)
 app.command("simserver")(simserver)
+app.command("sweep")(sweep)
 app.add_typer(twin_app, name="twin")
 
 

@@ -34,6 +34,8 @@ def simserver(
     host_pool_tokens: int = typer.Option(0, help="HiCache host tier size in tokens."),
     pool_tokens: int | None = typer.Option(None, help="Override the planned KV pool."),
     served_model_name: str = typer.Option("qwen3-8b", help="Name /v1/models reports."),
+    profile: Path | None = typer.Option(None, help="A calibration profile from `chatfleet "
+                                        "twin calibrate`."),
 ) -> None:
     """Serve the engine model over HTTP in wall-clock time, as SGLang would on that GPU."""
     from chatfleet.simserver.server import ServerConfig, start
@@ -43,10 +45,12 @@ def simserver(
             fail("--replicas must be at least 1")
         if time_scale <= 0:
             fail("--time-scale must be positive")
+        from chatfleet.cli.twin import profile_calibration
+
         spec = EngineSpec(load_gpu(gpu), load_model(model), precision(weights, kv_cache),
                           pool_tokens=pool_tokens, max_running_requests=max_running_requests,
                           eviction_policy=eviction, host_pool_tokens=host_pool_tokens,
-                          thermal=thermal)
+                          thermal=thermal, calibration=profile_calibration(profile, gpu))
         spec.pool_plan()
         cfg = ServerConfig(spec=spec, host=host, port=port, replicas=replicas,
                            time_scale=time_scale, seed=seed, trace=trace,

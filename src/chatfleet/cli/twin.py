@@ -20,12 +20,13 @@ from chatfleet.cli.common import (
     print_json,
     write_json_atomic,
 )
+from chatfleet.core.calibration import Calibration
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.specs import precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
-from chatfleet.twin.run import run_point, target_block
+from chatfleet.twin.run import is_calibrated, run_point, target_block
 
 twin_app = typer.Typer(help="The engine twin: SGLang on a given GPU, in virtual time.",
                        no_args_is_help=True)
@@ -114,6 +115,62 @@ def knee_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def profile_calibration(profile: Path | None, gpu: str) -> Calibration | None:
+    if profile is None:
+        return None
+    from chatfleet.core.specs import get_gpu
+    from chatfleet.twin.calibrate import load_profile
+
+    cal, _ = load_profile(profile)
+    if get_gpu(gpu).name != cal.gpu:
+        console.print(f"[yellow]note:[/] profile {profile} was fitted on {cal.gpu}, used for "
+                      f"{gpu}: the results are marked uncalibrated")
+    return cal
+
+
+@twin_app.command("calibrate")
+def calibrate_cmd(
+    from_: Path = typer.Option(..., "--from", help="A live sweep: DIR or DIR/sweep.json."),
+    out_path: Path = typer.Option(..., "--out", help="Where to write the profile (JSON)."),
+    gpu: str | None = typer.Option(None, help="The card (default: the sweep's target.gpu)."),
+    model: str | None = typer.Option(None, help="Model spec (default: qwen3-8b)."),
+    weights: str | None = typer.Option(None, help="Default: the sweep's target.weights."),
+    kv_cache: str | None = typer.Option(None, "--kv-cache", help="Default: target.kv_cache."),
+    gemm_eff: float = typer.Option(0.5, help="Assumed GEMM efficiency of its prefill."),
+    as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
+) -> None:
+    """Fit the twin's step-time constants to a live sweep's concurrency-1 point and report
+    the fit's error on the sweep's other points."""
+    from chatfleet.twin.calibrate import calibrate
+
+    with clean_errors():
+        prof = calibrate(from_, gpu=gpu, model=model, weights=weights, kv_cache=kv_cache,
+                         gemm_eff=gemm_eff)
+        write_json_atomic(out_path, prof)
+    if as_json:
+        print_json(prof)
+        return
+    cal = prof["calibration"]
+    out.print(f"profile for {prof['gpu']} {prof['weights']}/{prof['kv_cache']}: bandwidth "
+              f"efficiency {cal['bandwidth_eff']:.3f}, prefill fixed "
+              f"{cal['prefill_fixed_s'] * 1000:.1f} ms, decode fixed "
+              f"{cal['decode_fixed_s'] * 1000:.1f} ms")
+    t = Table(title="fit error on the sweep's points (twin against live, medians)")
+    for col in ("load", "fitted on", "TTFT live", "TTFT twin", "TPOT live", "TPOT twin",
+                "tok/s live", "tok/s twin"):
+        t.add_column(col, justify="right")
+    for row in prof["fit_error"]:
+        load = row["load"]
+        label = (f"{load['concurrency']} users" if load["mode"] == "closed"
+                 else f"{load['rate_rps']} rps")
+        t.add_row(label, "yes" if row["fitted_on"] else "",
+                  f"{row['ttft_p50']['live']:.0f}", f"{row['ttft_p50']['twin']:.0f}",
+                  f"{row['tpot_p50']['live']:.1f}", f"{row['tpot_p50']['twin']:.1f}",
+                  f"{row['output_tok_s']['live']:.0f}", f"{row['output_tok_s']['twin']:.0f}")
+    out.print(t)
+    out.print(f"wrote {out_path}")
+
+
 @twin_app.command("sweep")
 def sweep(
     gpu: str = typer.Option("l4", help="GPU name."),
@@ -154,6 +211,8 @@ def sweep(
     itl_stat: str = typer.Option("mean", help="Per-request statistic: mean (TPOT), p99, max."),
     attainment: float = typer.Option(0.99, help="Share of requests that must meet the target."),
     cap_margin: int = typer.Option(0, help="Lower the recommended cap by this many grid steps."),
+    profile: Path | None = typer.Option(None, help="A calibration profile from `chatfleet "
+                                        "twin calibrate` (replaces the built-in constants)."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the chatfleet.sweep/1 "
                                          "document here (rewritten after every point)."),
     print_doc: bool = typer.Option(False, "--print-json", help="Print the document on stdout."),
@@ -165,6 +224,7 @@ def sweep(
             mem_fraction=mem_fraction, pool_tokens=pool_tokens,
             max_running_requests=max_running_requests, schedule_policy=schedule_policy,
             eviction_policy=eviction, host_pool_tokens=host_pool_tokens, thermal=thermal,
+            calibration=profile_calibration(profile, gpu),
         )
         wcfg = WorkloadConfig(
             system_prompt_tokens=system_prompt_tokens, prompt_groups=prompt_groups,
@@ -189,7 +249,7 @@ def sweep(
         points: list[dict[str, Any]] = []
         doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
         title = (f"twin: {spec.model.name} on {spec.gpu.name}, {spec.precision.label}"
-                 + ("" if spec.gpu.name == "l4" else " (uncalibrated)"))
+                 + ("" if is_calibrated(spec) else " (uncalibrated)"))
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task(title, total=len(loads))

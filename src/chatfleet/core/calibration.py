@@ -240,3 +240,79 @@ def thermal_profile(gpu: GPU) -> ThermalProfile:
     r = (80.0 - 35.0) / gpu.power_w  # reaches 80 C at full power: below slowdown
     return ThermalProfile(gpu.name, 35.0, gpu.power_w * 0.15, gpu.power_w, loaded, 210.0, 87.0,
                           r, 120.0, loaded * 0.5, source="generic, uncalibrated")
+
+
+# --------------------------------------------------------------------------------------------
+# Profiles fitted to a live sweep (`chatfleet twin calibrate`)
+# --------------------------------------------------------------------------------------------
+
+
+def fit_point(
+    gpu: GPU,
+    model: Model,
+    weights: str,
+    kv_cache: str,
+    *,
+    tpot_s: float,
+    ttft_s: float,
+    new_tokens: float,
+    cached_tokens: float,
+    decode_context: float,
+    decode_fixed_s: float = ASSUMED_DECODE_FIXED_S,
+    gemm_eff: float = ASSUMED_BF16_GEMM_EFF,
+    eager_s: float = ASSUMED_EAGER_S,
+    source: str = "",
+) -> Calibration:
+    """Fit bandwidth efficiency and the prefill fixed cost to one concurrency-1 measurement of
+    any engine on any card, the way `fit_l4` does (same assumed decode fixed cost and GEMM
+    efficiency): decode from the time per output token at the mean context, prefill from the
+    TTFT of `new_tokens` computed after `cached_tokens` found in the cache."""
+    if tpot_s <= decode_fixed_s:
+        raise ValueError(f"time per token {tpot_s * 1000:.2f} ms is below the assumed decode "
+                         f"fixed cost ({decode_fixed_s * 1000:.2f} ms)")
+    if new_tokens < 1 or ttft_s <= 0:
+        raise ValueError("the calibration point needs a positive TTFT and prompt")
+    kvb = model.kv_bytes_per_token(kv_cache)
+    bytes_step = model.streamed_weight_bytes(weights) + decode_context * kvb
+    bandwidth_eff = bytes_step / ((tpot_s - decode_fixed_s) * gpu.bandwidth_gbs * 1e9)
+    bw = gpu.bandwidth_gbs * 1e9 * bandwidth_eff
+    gemm = model.forward_flops(int(new_tokens), 1) / (gpu.tflops(weights) * 1e12 * gemm_eff)
+    weights_s = model.streamed_weight_bytes(weights) / bw
+    attn = (attention_pairs(cached_tokens, new_tokens) * 4.0 * model.num_layers
+            * model.num_attention_heads * model.head_dim) / (gpu.bf16_tflops * 1e12 * gemm_eff)
+    kv_read = cached_tokens * kvb / bw
+    fixed = ttft_s - max(gemm, weights_s) - attn - kv_read
+    if fixed <= 0:
+        raise ValueError(
+            f"TTFT {ttft_s * 1000:.1f} ms is shorter than the modelled prefill alone at GEMM "
+            f"efficiency {gemm_eff}: pass a higher --gemm-eff")
+    return Calibration(gpu=gpu.name, bandwidth_eff=bandwidth_eff, decode_fixed_s=decode_fixed_s,
+                       prefill_fixed_s=fixed, gemm_eff={"bf16": gemm_eff, "fp8": gemm_eff},
+                       attn_eff=gemm_eff, eager_s=eager_s, calibrated=True, source=source)
+
+
+def calibration_to_json(cal: Calibration) -> dict[str, object]:
+    return {"gpu": cal.gpu, "bandwidth_eff": cal.bandwidth_eff,
+            "decode_fixed_s": cal.decode_fixed_s, "prefill_fixed_s": cal.prefill_fixed_s,
+            "gemm_eff": dict(cal.gemm_eff), "attn_eff": cal.attn_eff, "eager_s": cal.eager_s,
+            "calibrated": cal.calibrated, "source": cal.source}
+
+
+def calibration_from_json(d: dict[str, object]) -> Calibration:
+    try:
+        gemm = d["gemm_eff"]
+        if not isinstance(gemm, dict):
+            raise TypeError("gemm_eff must be an object")
+        cal = Calibration(
+            gpu=str(d["gpu"]), bandwidth_eff=float(d["bandwidth_eff"]),  # type: ignore[arg-type]
+            decode_fixed_s=float(d["decode_fixed_s"]),  # type: ignore[arg-type]
+            prefill_fixed_s=float(d["prefill_fixed_s"]),  # type: ignore[arg-type]
+            gemm_eff={str(k): float(v) for k, v in gemm.items()},
+            attn_eff=float(d["attn_eff"]),  # type: ignore[arg-type]
+            eager_s=float(d["eager_s"]),  # type: ignore[arg-type]
+            calibrated=bool(d.get("calibrated", True)), source=str(d.get("source", "")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a calibration profile: {exc}") from exc
+    if not 0 < cal.bandwidth_eff <= 1.5 or cal.prefill_fixed_s < 0 or cal.decode_fixed_s < 0:
+        raise ValueError("calibration profile has out-of-range constants")
+    return cal

@@ -321,7 +321,7 @@ class ReplicaApp:
         return json_response({
             "engine": "chatfleet-simserver", "version": f"chatfleet {__version__}",
             "model_path": rep.served_model_name, "served_model_name": rep.served_model_name,
-            "gpu": spec.gpu.name, "calibrated": spec.gpu.name == "l4",
+            "gpu": spec.gpu.name, "calibrated": spec.is_calibrated,
             "dtype": "bfloat16", "quantization": "fp8" if spec.precision.weights == "fp8"
             else None,
             "kv_cache_dtype": "fp8_e4m3" if spec.precision.kv_cache == "fp8" else "auto",

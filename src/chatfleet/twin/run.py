@@ -243,10 +243,18 @@ def gpu_block(spec: EngineSpec, scheds: list[Scheduler], start: float,
     }
 
 
+def is_calibrated(spec: EngineSpec) -> bool:
+    return spec.is_calibrated
+
+
 def target_block(spec: EngineSpec) -> dict[str, Any]:
-    cal_note = "calibrated" if spec.gpu.name == "l4" else "uncalibrated"
-    return {"engine": "twin", "engine_models": "sglang-0.5", "chatfleet_version": __version__,
-            "calibration": cal_note, **spec.to_json()}
+    block = {"engine": "twin", "engine_models": "sglang-0.5",
+             "chatfleet_version": __version__,
+             "calibration": "calibrated" if is_calibrated(spec) else "uncalibrated",
+             **spec.to_json()}
+    if spec.calibration is not None:
+        block["calibration_source"] = spec.calibration.source
+    return block
 
 
 def run_sweep(

@@ -9,7 +9,7 @@ from chatfleet.core.calibration import Calibration, step_constants, thermal_prof
 from chatfleet.core.engine.scheduler import Scheduler, SchedulerConfig
 from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.engine.thermal import ThermalState
-from chatfleet.core.memory import PoolPlan, plan_pool
+from chatfleet.core.memory import CALIBRATED_GPUS, PoolPlan, plan_pool
 from chatfleet.core.specs import GPU, Model, Precision
 
 
@@ -26,6 +26,13 @@ class EngineSpec:
     host_pool_tokens: int = 0
     thermal: bool = False
     calibration: Calibration | None = None
+
+    @property
+    def is_calibrated(self) -> bool:
+        """The L4's built-in fit, or a profile fitted on this very card."""
+        if self.calibration is not None:
+            return self.calibration.calibrated and self.calibration.gpu == self.gpu.name
+        return self.gpu.name in CALIBRATED_GPUS
 
     def pool_plan(self) -> PoolPlan:
         return plan_pool(self.gpu, self.model, self.precision.weights, self.precision.kv_cache,

@@ -108,6 +108,6 @@ class StepTimeModel:
         return total
 
 
-def attention_pairs(context_before: int, new_tokens: int) -> float:
+def attention_pairs(context_before: float, new_tokens: float) -> float:
     """Query-key pairs of `new_tokens` attending causally after `context_before` tokens."""
     return new_tokens * context_before + new_tokens * (new_tokens + 1) / 2

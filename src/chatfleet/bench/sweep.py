@@ -1,0 +1,308 @@
+"""`chatfleet sweep`: the pre-launch measurement, with the method automated.
+
+Before every run: a new seed (base + run index), a cool-down under the temperature threshold
+(bounded, recorded), and a flush through the engine adapter (refusals retried, then recorded).
+During it: every token's arrival, cached tokens from usage, the engine's metrics every second,
+GPU telemetry every 100 ms, the client's own send and loop lag. After it: the point, appended to
+runs.jsonl with fsync; the document rewritten; the knee, the throughput peak and the cap.
+
+A run is invalid, and kept with its reason, when the flush did not take (refused, or the first
+request of the run found a cached prefix), when the client fell behind (send-lag or loop-lag
+p99 over the bound), when the GPU's median SM clock was under the floor, or when it was cut
+short by Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import statistics
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from chatfleet import __version__
+from chatfleet.bench.client import Clock, make_session
+from chatfleet.bench.drive import DriveResult, Payload, completions_with_ids, drive
+from chatfleet.bench.payload import ChatPayload
+from chatfleet.bench.results import SweepDir
+from chatfleet.bench.scrape import EngineScraper, engine_block_from
+from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
+from chatfleet.core.metrics import SLO, bisect_next, find_knee, load_value, summarize_point
+from chatfleet.core.workload import ClosedLoop, OpenLoop, Workload, WorkloadConfig
+from chatfleet.engines import EngineAdapter, get_adapter
+
+FLUSH_TRIES = 3
+FLUSH_RETRY_S = 2.0
+
+
+@dataclass
+class LiveSweepConfig:
+    targets: list[str]
+    engine: str
+    model: str
+    loads: list[dict[str, Any]]
+    wcfg: WorkloadConfig
+    out: Path
+    slo: SLO = field(default_factory=SLO)
+    duration_s: float = 300.0
+    warmup_s: float = 30.0
+    drain_s: float = 300.0
+    flush: bool = True
+    seed: int = 1
+    telemetry: str = "none"
+    cooldown_temp_c: float | None = None
+    cooldown_max_s: float = 300.0
+    clock_floor_mhz: float | None = None
+    resume: bool = False
+    refine: bool = False
+    refine_max_runs: int = 6
+    cap_margin: int = 0
+    api: str = "chat"  # chat | completions-ids
+    thinking: bool = False
+    api_key: str | None = None
+    max_send_lag_ms: float = 50.0
+    max_loop_lag_ms: float = 50.0
+    labels: dict[str, Any] = field(default_factory=dict)  # gpu, weights, kv_cache for reports
+    save_records: bool = True
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5, cwd=Path(__file__).parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def p99(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(len(s) * 0.99))]
+
+
+class LiveSweep:
+    def __init__(self, cfg: LiveSweepConfig,
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        self.cfg = cfg
+        self.adapter: EngineAdapter = get_adapter(cfg.engine)
+        self.dir = SweepDir(cfg.out)
+        self.on_event = on_event or (lambda kind, info: None)
+        self.stop = asyncio.Event()
+        self.time_scale = 1.0
+        self.target: dict[str, Any] = {}
+        self.points: list[dict[str, Any]] = []
+        self.doc: dict[str, Any] = {}
+
+    # --- set-up ---------------------------------------------------------------------------
+    def workload_block(self) -> dict[str, Any]:
+        c = self.cfg
+        return {**c.wcfg.to_json(), "duration_s": c.duration_s, "warmup_s": c.warmup_s,
+                "seed": c.seed, "api": c.api, "thinking": c.thinking,
+                "ignore_eos": self.adapter.accepts_ignore_eos}
+
+    async def describe_target(self, session: aiohttp.ClientSession) -> None:
+        c = self.cfg
+        infos = []
+        for url in c.targets:
+            try:
+                infos.append(await self.adapter.server_info(session, url))
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise ValueError(f"cannot reach the target {url}: {exc}") from exc
+        info = infos[0] if infos else {}
+        self.time_scale = float(info.get("time_scale") or 1.0)
+        self.target = {
+            "engine": c.engine, "model": c.model, "urls": c.targets,
+            "engine_info": info, "chatfleet_version": __version__, "chatfleet_commit":
+            git_commit(), **c.labels,
+        }
+
+    def payload(self) -> Payload:
+        if self.cfg.api == "completions-ids":
+            return completions_with_ids(self.cfg.model, self.adapter.accepts_ignore_eos)
+        from chatfleet.datasets import load_qwen_tokenizer
+
+        return ChatPayload(load_qwen_tokenizer(), self.cfg.model,
+                           ignore_eos=self.adapter.accepts_ignore_eos,
+                           thinking=self.cfg.thinking,
+                           continuous_usage=self.adapter.accepts_continuous_usage,
+                           system_groups=self.cfg.wcfg.prompt_groups)
+
+    # --- one run ---------------------------------------------------------------------------
+    async def flush_all(self, session: aiohttp.ClientSession) -> tuple[bool, str]:
+        details = []
+        for url in self.cfg.targets:
+            for attempt in range(FLUSH_TRIES):
+                res = await self.adapter.flush(session, url)
+                if res.ok:
+                    break
+                if attempt + 1 < FLUSH_TRIES:
+                    await asyncio.sleep(FLUSH_RETRY_S)
+            if not res.ok:
+                details.append(f"{url}: {res.detail}")
+        return (not details), "; ".join(details)
+
+    async def run_one(self, index: int, load: dict[str, Any],
+                      session: aiohttp.ClientSession) -> dict[str, Any]:
+        c = self.cfg
+        seed = c.seed + index
+        rundir = self.dir.run_dir(index)
+        source = make_source(c.telemetry, c.targets[0])
+        cooldown: dict[str, Any] | None = None
+        if c.cooldown_temp_c is not None:
+            self.on_event("cooldown", {"index": index})
+            cooldown = await cool_down(source, c.cooldown_temp_c, c.cooldown_max_s)
+        reasons: list[str] = []
+        flushed = False
+        if c.flush:
+            flushed, detail = await self.flush_all(session)
+            if not flushed:
+                reasons.append(f"unflushed: {detail}")
+        workload = Workload(c.wcfg, random.Random(seed))
+        driver: ClosedLoop | OpenLoop
+        if load["mode"] == "closed":
+            driver = ClosedLoop(workload, int(load["concurrency"]))
+        else:
+            driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness",
+                                                                                  1.0)))
+        clock = Clock(self.time_scale)
+        window_end = c.warmup_s + c.duration_s
+        headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
+        self.on_event("run", {"index": index, "load": load, "seed": seed})
+        async with TelemetrySampler(source, clock=clock,
+                                    path=rundir / "telemetry.jsonl") as tele, \
+                EngineScraper(self.adapter, session, c.targets, clock=clock,
+                              path=rundir / "engine.jsonl") as scraper:
+            res: DriveResult = await drive(c.targets, driver, self.payload(),
+                                           window_end=window_end, drain_s=c.drain_s,
+                                           clock=clock, session=session, headers=headers,
+                                           stop=self.stop)
+        records = res.records
+        # the flush took only if the first request each target saw found nothing cached
+        if c.flush and flushed:
+            for url in c.targets:
+                first = min((r for r in records if r.replica == url and r.outcome == "ok"),
+                            key=lambda r: r.send_time, default=None)
+                if first is not None and first.cached_tokens > 0:
+                    reasons.append(f"unflushed: the first request on {url} found "
+                                   f"{first.cached_tokens} cached tokens")
+                    flushed = False
+        send_p99, loop_p99 = p99(res.send_lag_ms), p99(res.loop_lag_ms)
+        if send_p99 > c.max_send_lag_ms or loop_p99 > c.max_loop_lag_ms:
+            reasons.append(f"client behind: send lag p99 {send_p99:.1f} ms, loop lag p99 "
+                           f"{loop_p99:.1f} ms (bounds {c.max_send_lag_ms:g} / "
+                           f"{c.max_loop_lag_ms:g} ms)")
+        gpu = tele.summary(c.warmup_s, window_end)
+        clock_p50 = (gpu.get("sm_clock_mhz") or {}).get("p50")
+        if c.clock_floor_mhz is not None and clock_p50 is not None and \
+                clock_p50 < c.clock_floor_mhz:
+            reasons.append(f"under the clock floor: median SM clock {clock_p50:.0f} MHz < "
+                           f"{c.clock_floor_mhz:g} MHz")
+        if res.interrupted:
+            reasons.append("interrupted: the window was cut short by Ctrl-C")
+        point = summarize_point(
+            records, load=load, window=(c.warmup_s, window_end), slo=c.slo, mode=load["mode"],
+            seed=seed, flushed=flushed if c.flush else False, valid=not reasons,
+            invalid_reason="; ".join(reasons) or None,
+            engine=engine_block_from(scraper.samples, c.warmup_s, window_end),
+            gpu=gpu,
+            client={"send_lag_ms_p99": round(send_p99, 3), "loop_lag_ms_p99": round(loop_p99, 3),
+                    "send_lag_ms_max": round(max(res.send_lag_ms, default=0.0), 3),
+                    "loop_lag_ms_max": round(max(res.loop_lag_ms, default=0.0), 3)},
+            time_scale=self.time_scale,
+        )
+        asked = [(o.asked_tokens, o.record.output_tokens) for o in res.outcomes
+                 if o.record.outcome == "ok" and o.asked_tokens]
+        mismatched = [(a, g) for a, g in asked if a != g]
+        point["token_check"] = {
+            "checked": len(asked) if self.adapter.accepts_ignore_eos else 0,
+            "mismatched": len(mismatched) if self.adapter.accepts_ignore_eos else 0,
+            "examples": mismatched[:5] if self.adapter.accepts_ignore_eos else [],
+            "note": None if self.adapter.accepts_ignore_eos else
+            f"{c.engine} takes no ignore_eos: answer lengths are the engine's own",
+        }
+        point["run_index"] = index
+        point["cooldown"] = cooldown
+        point["clock_floor_mhz"] = c.clock_floor_mhz
+        point["files"] = {"telemetry": f"runs/{index:03d}/telemetry.jsonl",
+                          "engine": f"runs/{index:03d}/engine.jsonl"}
+        if c.save_records:
+            self.dir.write_records(index, records)
+            point["files"]["records"] = f"runs/{index:03d}/records.jsonl"
+        point["wall_s"] = round(res.wall_s, 2)
+        return point
+
+    # --- the sweep -------------------------------------------------------------------------
+    def _record(self, point: dict[str, Any]) -> None:
+        self.dir.append_run(point)
+        self.points.append(point)
+        self.doc = self.dir.write_doc(self.target, self.workload_block(), self.cfg.slo,
+                                      self.points, self.cfg.cap_margin)
+        self.on_event("point", point)
+
+    async def run(self) -> dict[str, Any]:
+        c = self.cfg
+        async with make_session() as session:
+            await self.describe_target(session)
+            meta = {"target": self.target, "target_url": c.targets,
+                    "workload": self.workload_block(), "slo": c.slo.to_json()}
+            self.points = self.dir.start(meta, c.resume)
+            done = {(p["load"]["mode"], load_value(p), p["seed"]) for p in self.points}
+            index = max((int(p.get("run_index", -1)) for p in self.points), default=-1) + 1
+            grid = list(c.loads)
+            for i, load in enumerate(grid):
+                if self.stop.is_set():
+                    break
+                key = (load["mode"], _value(load), c.seed + i)
+                if key in done:
+                    self.on_event("skip", {"index": i, "load": load})
+                    continue
+                self._record(await self.run_one(i, load, session))
+            index = max(index, len(grid))
+            if c.refine:
+                index = await self._refine(index, session)
+            if not self.doc:
+                self.doc = self.dir.write_doc(self.target, self.workload_block(), c.slo,
+                                              self.points, c.cap_margin)
+        return self.doc
+
+    async def _refine(self, index: int, session: aiohttp.ClientSession) -> int:
+        c = self.cfg
+        for mode, key in (("closed", "concurrency"), ("open", "rate_rps")):
+            if not any(p["load"]["mode"] == mode for p in self.points):
+                continue
+            for _ in range(c.refine_max_runs):
+                if self.stop.is_set():
+                    return index
+                knee = find_knee(self.points, mode, c.slo.attainment)  # type: ignore[arg-type]
+                tested = [load_value(p) for p in self.points if p["load"]["mode"] == mode]
+                nxt = bisect_next(knee, tested, mode)  # type: ignore[arg-type]
+                if nxt is None:
+                    break
+                value: float | int = int(nxt) if mode == "closed" else round(nxt, 4)
+                load = {"mode": mode, key: value}
+                self.on_event("refine", {"load": load, "knee": knee})
+                self._record(await self.run_one(index, load, session))
+                index += 1
+        return index
+
+
+def _value(load: dict[str, Any]) -> float:
+    return float(load["concurrency"] if load["mode"] == "closed" else load["rate_rps"])
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def request_stop(sweep: LiveSweep) -> None:
+    """Ctrl-C: finish the current run's record, then stop."""
+    with contextlib.suppress(RuntimeError):
+        sweep.stop.set()
