@@ -31,12 +31,14 @@ Payload = Callable[[RequestSpec], tuple[str, dict[str, Any]]]
 LOOP_PROBE_S = 0.010
 
 
-def completions_with_ids(model: str, ignore_eos: bool = True) -> Payload:
+def completions_with_ids(model: str, ignore_eos: bool = True, send_rid: bool = False) -> Payload:
     """/v1/completions with the prompt as token ids: the twin's exact token sequence (SGLang,
-    vLLM and the simserver accept token-id prompts)."""
+    vLLM and the simserver accept token-id prompts). `send_rid` passes the request id as
+    SGLang's `rid` (the simserver's trace then names it)."""
 
     def build(spec: RequestSpec) -> tuple[str, dict[str, Any]]:
-        return "/v1/completions", {
+        extra = {"rid": spec.request_id} if send_rid else {}
+        return "/v1/completions", {**extra,
             "model": model, "prompt": spec.prompt_ids().tolist(),
             "max_tokens": spec.max_new_tokens, "ignore_eos": ignore_eos,
             "min_tokens": spec.max_new_tokens if ignore_eos else 0,

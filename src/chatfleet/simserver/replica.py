@@ -252,7 +252,8 @@ class Replica:
             self.trace.write({
                 "type": "token", "replica": self.name, "rid": h.rid, "index": h.sent - 1,
                 "planned": p, "actual": actual, "planned_unix": self.unix_at(p),
-                "actual_unix": unix,
+                "actual_unix": unix, "planned_mono": self.mono_at(p),
+                "actual_mono": actual_mono,
             })
 
     def telemetry(self) -> dict[str, Any]:
