@@ -6,6 +6,7 @@ import typer
 
 from chatfleet import __version__
 from chatfleet.cli.plan import plan
+from chatfleet.cli.report import report
 from chatfleet.cli.simserver import simserver
 from chatfleet.cli.sweep import sweep
 from chatfleet.cli.twin import twin_app
@@ -20,6 +21,7 @@ app = typer.Typer(
 app.command("plan")(plan)
 app.command("simserver")(simserver)
 app.command("sweep")(sweep)
+app.command("report")(report)
 app.add_typer(twin_app, name="twin")
 
 

@@ -12,8 +12,8 @@ from chatfleet.cli.common import clean_errors, console
 
 def report(
     sweeps: list[Path] = typer.Argument(
-        ..., help="Sweep directories (chatfleet sweep --out DIR) or sweep JSON files "
-        "(chatfleet twin sweep --json FILE); several are overlaid on every plot.",
+        ..., metavar="DIR...", help="Sweep directories (chatfleet sweep --out DIR) or sweep "
+        "JSON files (chatfleet twin sweep --json FILE); several are overlaid on every plot.",
         show_default=False),
     out_dir: Path | None = typer.Option(
         None, "--out", help="Folder for report.html and report.md (default: the first sweep "
