@@ -63,6 +63,7 @@ class StreamOutcome:
     asked_tokens: int | None = None
     finish_reason: str | None = None
     text_parts: list[str] = field(default_factory=list)  # the answer's content (no reasoning)
+    cached_reported: bool = False  # usage carried prompt_tokens_details.cached_tokens
 
     @property
     def text(self) -> str:
@@ -127,6 +128,8 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
                 n = 0
                 if isinstance(usage, dict):
                     details = usage.get("prompt_tokens_details") or {}
+                    if details.get("cached_tokens") is not None:
+                        out.cached_reported = True
                     record.cached_tokens = int(details.get("cached_tokens") or 0)
                     record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
                     total = int(usage.get("completion_tokens") or 0)

@@ -29,15 +29,22 @@ class ChatPayload:
     thinking: bool = False
     continuous_usage: bool = True
     system_groups: int = 1
-    _text: dict[int, str] = field(default_factory=dict)
+    _text: dict[tuple[int, int], str] = field(default_factory=dict)
     _history: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
     def segment_text(self, sid: int, n: int) -> str:
-        text = self._text.get(sid)
+        """Text of exactly n tokens for segment sid: the same bytes every time it is asked."""
+        text = self._text.get((sid, n))
         if text is None:
             text = text_of_exact_tokens(self.tok, n, seed=sid)
-            self._text[sid] = text
+            self._text[(sid, n)] = text
         return text
+
+    def reset(self) -> None:
+        """A new run: sessions start over (the text of shared prompts is kept)."""
+        self._history.clear()
+        shared = {k: v for k, v in self._text.items() if k[0] <= self.system_groups}
+        self._text = shared
 
     def __call__(self, spec: RequestSpec) -> tuple[str, dict[str, Any]]:
         segs = spec.segments

@@ -100,6 +100,7 @@ class LiveSweep:
         self.target: dict[str, Any] = {}
         self.points: list[dict[str, Any]] = []
         self.doc: dict[str, Any] = {}
+        self._payload: Payload | None = None
 
     # --- set-up ---------------------------------------------------------------------------
     def workload_block(self) -> dict[str, Any]:
@@ -125,6 +126,12 @@ class LiveSweep:
         }
 
     def payload(self) -> Payload:
+        if self._payload is not None:
+            return self._payload
+        self._payload = self._make_payload()
+        return self._payload
+
+    def _make_payload(self) -> Payload:
         if self.cfg.api == "completions-ids":
             return completions_with_ids(self.cfg.model, self.adapter.accepts_ignore_eos)
         from chatfleet.datasets import load_qwen_tokenizer
@@ -172,25 +179,31 @@ class LiveSweep:
         else:
             driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness",
                                                                                   1.0)))
-        clock = Clock(self.time_scale)
+        payload = self.payload()  # before the clock starts: loading a tokenizer takes time
+        reset = getattr(payload, "reset", None)
+        if reset is not None:
+            reset()
         window_end = c.warmup_s + c.duration_s
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
         self.on_event("run", {"index": index, "load": load, "seed": seed})
+        clock = Clock(self.time_scale)
         async with TelemetrySampler(source, clock=clock,
                                     path=rundir / "telemetry.jsonl") as tele, \
                 EngineScraper(self.adapter, session, c.targets, clock=clock,
                               path=rundir / "engine.jsonl") as scraper:
-            res: DriveResult = await drive(c.targets, driver, self.payload(),
+            res: DriveResult = await drive(c.targets, driver, payload,
                                            window_end=window_end, drain_s=c.drain_s,
                                            clock=clock, session=session, headers=headers,
                                            stop=self.stop)
         records = res.records
         # the flush took only if the first request each target saw found nothing cached
+        # (where the engine reports cached tokens at all)
+        reported = {id(o.record) for o in res.outcomes if o.cached_reported}
         if c.flush and flushed:
             for url in c.targets:
                 first = min((r for r in records if r.replica == url and r.outcome == "ok"),
                             key=lambda r: r.send_time, default=None)
-                if first is not None and first.cached_tokens > 0:
+                if first is not None and id(first) in reported and first.cached_tokens > 0:
                     reasons.append(f"unflushed: the first request on {url} found "
                                    f"{first.cached_tokens} cached tokens")
                     flushed = False

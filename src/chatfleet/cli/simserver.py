@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 from pathlib import Path
 
@@ -43,8 +44,10 @@ def simserver(
     with clean_errors():
         if replicas < 1:
             fail("--replicas must be at least 1")
-        if time_scale <= 0:
-            fail("--time-scale must be positive")
+        if not (math.isfinite(time_scale) and time_scale > 0):
+            fail("--time-scale must be a positive finite number")
+        if not 0 <= port <= 65535 or (port and port + replicas - 1 > 65535):
+            fail(f"--port {port} with {replicas} replicas is outside 0..65535")
         from chatfleet.cli.twin import profile_calibration
 
         spec = EngineSpec(load_gpu(gpu), load_model(model), precision(weights, kv_cache),
@@ -73,5 +76,5 @@ def simserver(
 
     try:
         asyncio.run(main())
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:
         fail(f"cannot serve: {exc}")

@@ -98,7 +98,9 @@ class ReplicaApp:
 
     def _max_new(self, prompt_len: int, asked: int | None) -> int:
         sched = self.replica.sched
-        room = min(sched.cfg.context_length, sched.pool.capacity_tokens) - prompt_len
+        # admission needs prompt + max_new strictly below the pool (SGLang's max_req_len - 1)
+        room = min(sched.cfg.context_length - prompt_len,
+                   sched.pool.capacity_tokens - 1 - prompt_len)
         if asked is None:
             if room < 1:
                 raise BadRequest(f"the prompt ({prompt_len} tokens) leaves no room to answer "

@@ -19,6 +19,8 @@ does: the tokens up to `</think>\\n\\n` as `reasoning_content` (tags stripped), 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import random
 from array import array
@@ -88,21 +90,33 @@ class AnswerMaker:
 def _apply_stop(ids: list[int], pieces: list[str], reasoning: int, reason: str,
                 stop: list[str], min_tokens: int) -> tuple[list[int], list[str], int, str]:
     """Cut the answer at the first stop string in its content (not before min_tokens): the
-    answer ends with the token that completes the stop string, whose text is not returned."""
-    text = ""
-    for k in range(reasoning, len(ids)):
-        text += pieces[k]
-        if k + 1 < max(1, min_tokens):
+    answer ends with the token that completes the stop string, whose text is not returned.
+    One pass: the content is joined once and each stop string searched once."""
+    content = pieces[reasoning:]
+    text = "".join(content)
+    ends = list(itertools.accumulate(len(p) for p in content))  # text end of each token
+    floor_tok = max(1, min_tokens) - 1 - reasoning  # the first content token allowed to end
+    best: tuple[int, int] | None = None  # (token index in content, characters kept)
+    for s_ in stop:
+        if not s_:
             continue
-        hits = [text.index(s) for s in stop if s and s in text]
-        if not hits:
-            continue
-        keep = min(hits)  # content characters before the stop string
-        cut: list[str] = list(pieces[:reasoning])
-        done = 0
-        for j in range(reasoning, k + 1):
-            piece = pieces[j][: max(0, keep - done)]
-            done += len(pieces[j])
-            cut.append(piece)
-        return ids[: k + 1], cut, reasoning, "stop"
-    return ids, pieces, reasoning, reason
+        start = 0
+        while True:
+            at = text.find(s_, start)
+            if at < 0:
+                break
+            k = bisect.bisect_left(ends, at + len(s_))  # the token completing the match
+            if k >= floor_tok:
+                if best is None or k < best[0] or (k == best[0] and at < best[1]):
+                    best = (k, at)
+                break
+            start = at + 1
+    if best is None:
+        return ids, pieces, reasoning, reason
+    k, keep = best
+    cut: list[str] = list(pieces[:reasoning])
+    done = 0
+    for j in range(k + 1):
+        cut.append(content[j][: max(0, keep - done)])
+        done += len(content[j])
+    return ids[: reasoning + k + 1], cut, reasoning, "stop"

@@ -51,23 +51,37 @@ class ReplicaMetrics:
         self.e2e = Histogram("sglang:e2e_request_latency_seconds", "End to end", lbl,
                              buckets=LATENCY_BUCKETS, registry=r).labels(model_name)
         self._window: list[tuple[float, int]] = []  # (time, decode tokens) of recent steps
+        self._base = (0, 0)  # cached and prompt tokens at the last flush
 
     def on_arrival(self, prompt_tokens: int) -> None:
         self.prompt_tokens.inc(prompt_tokens)
 
-    def on_flush(self) -> None:
+    def on_flush(self, sched: Scheduler) -> None:
+        """The hit rate restarts at a flush: later readings count from here."""
+        self._base = (sched.num_prefill_cached_tokens, sched.num_prefill_input_tokens)
         self.cache_hit_rate.set(0.0)
+
+    def on_idle(self, sched: Scheduler) -> None:
+        """Nothing is stepping (idle, or after an abort): the gauges show the engine as is."""
+        self.num_running.set(len(sched.running))
+        self.num_queue.set(len(sched.waiting))
+        cap = sched.pool.capacity_tokens
+        self.num_used_tokens.set(cap - sched.free_tokens() - sched.tree.evictable_size())
 
     def on_step(self, sched: Scheduler, step: Step) -> None:
         row = sched.log[-1]
-        self.num_running.set(len(sched.running))
-        self.num_queue.set(len(sched.waiting))
+        if step.kind == "decode":
+            # read at decode steps, as SGLang's decode log: the batch, and the queue that
+            # prefill-first could not admit
+            self.num_running.set(int(row[2]))  # type: ignore[call-overload]
+            self.num_queue.set(int(row[6]))  # type: ignore[call-overload]
         self.token_usage.set(float(row[7]))  # type: ignore[arg-type]
         cap = sched.pool.capacity_tokens
         self.num_used_tokens.set(cap - sched.free_tokens() - sched.tree.evictable_size())
-        if sched.num_prefill_input_tokens:
-            self.cache_hit_rate.set(sched.num_prefill_cached_tokens
-                                    / sched.num_prefill_input_tokens)
+        cached = sched.num_prefill_cached_tokens - self._base[0]
+        prompt = sched.num_prefill_input_tokens - self._base[1]
+        if prompt > 0:
+            self.cache_hit_rate.set(cached / prompt)
         if step.kind == "decode":
             self._window.append((step.end, step.num_decode))
             if len(self._window) > 40:

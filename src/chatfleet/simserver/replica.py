@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import Iterable
@@ -81,8 +82,8 @@ RESYNC_WALL_S = 0.050
 class Replica:
     def __init__(self, name: str, spec: EngineSpec, *, time_scale: float = 1.0, seed: int = 0,
                  trace: TraceWriter | None = None, served_model_name: str = "qwen3-8b") -> None:
-        if time_scale <= 0:
-            raise ValueError("time scale must be positive")
+        if not (math.isfinite(time_scale) and time_scale > 0):
+            raise ValueError("time scale must be a positive finite number")
         self.name = name
         self.spec = spec
         self.sched = build_scheduler(spec)
@@ -152,6 +153,8 @@ class Replica:
         h.finish_reason = "abort"
         h.wake.set()
         self.metrics.num_aborted.inc()
+        if self.sched.in_flight is None:
+            self.metrics.on_idle(self.sched)
         self._wake.set()
         return True
 
@@ -161,7 +164,7 @@ class Replica:
     def flush_cache(self) -> bool:
         ok = self.sched.flush()
         if ok:
-            self.metrics.on_flush()
+            self.metrics.on_flush(self.sched)
         return ok
 
     # --- the engine loop ------------------------------------------------------------------
@@ -169,6 +172,7 @@ class Replica:
         last_end: float | None = None
         while True:
             if not self.sched.has_work():
+                self.metrics.on_idle(self.sched)
                 if self.trace is not None:
                     self.trace.flush()
                 self._wake.clear()
@@ -257,6 +261,7 @@ class Replica:
             })
 
     def telemetry(self) -> dict[str, Any]:
+        self.sched.advance_idle(self.model_now())
         th = self.sched.thermal
         base: dict[str, Any] = {"time": self.model_now(), "time_scale": self.time_scale,
                                 "gpu": self.spec.gpu.name}

@@ -478,6 +478,12 @@ class Scheduler:
         step.duration = ends[-1] - step.start
         return ends[-1]
 
+    def advance_idle(self, now: float) -> None:
+        """Let an idle card cool until `now` (the thermal model moves only with steps)."""
+        if self.thermal is not None and self.in_flight is None and now > self._busy_until:
+            self.thermal.advance(now - self._busy_until, 0.0)
+            self._busy_until = now
+
     def _clock_factors(self) -> tuple[float, float]:
         if self.thermal is None:
             return 1.0, 1.0
