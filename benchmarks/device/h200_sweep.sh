@@ -21,11 +21,12 @@ setsid transformers serve "$MODEL" --continuous-batching --dtype bfloat16 \
     --host 127.0.0.1 --port $PORT > "$OUT/engine.log" 2>&1 &
 SERVER=$!
 trap 'kill -INT -$SERVER 2>/dev/null || true; sleep 2; kill -9 -$SERVER 2>/dev/null || true' EXIT
-for i in $(seq 1 180); do
-  if curl -fs "http://127.0.0.1:$PORT/health" >/dev/null; then echo "engine up after ${i}s"; break; fi
+health() { python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" 2>/dev/null; }
+for i in $(seq 1 240); do
+  if health; then echo "engine up after ${i}s"; break; fi
   sleep 1
 done
-curl -fs "http://127.0.0.1:$PORT/health" >/dev/null
+health || { echo "engine did not come up"; tail -50 "$OUT/engine.log"; exit 1; }
 python3 -c "from chatfleet.cli import main; main()" sweep \
     --target "http://127.0.0.1:$PORT" --engine openai --model "$MODEL" \
     --gpu h200 --weights bf16 --kv-cache bf16 --engine-log "$OUT/engine.log" \

@@ -74,20 +74,30 @@ def point_row(p: dict[str, Any]) -> list[str]:
     thin = "*" if p.get("thin") else ""
     if not p.get("valid", True):
         label += " (invalid)"
+    e = p.get("engine") or {}
     return [
         label,
         f"{p['attainment']:.3f}{thin}",
-        f"{p['goodput_rps']:.2f}",
-        f"{p['output_tok_s']:.0f}",
-        f"{p['ttft_ms']['p50']:.0f}",
-        f"{p['ttft_ms']['p99']:.0f}",
-        f"{p['tpot_ms']['p50']:.0f}",
-        f"{p['tpot_ms']['p99']:.0f}",
-        f"{p['itl_ms']['p99']:.0f}",
-        f"{p['engine']['max_running']}",
-        f"{p['engine']['max_queue']}",
-        f"{p['engine']['peak_token_usage']:.2f}",
+        fmt(p["goodput_rps"], ".2f"),
+        fmt(p["output_tok_s"], ".0f"),
+        fmt(p["ttft_ms"]["p50"], ".0f"),
+        fmt(p["ttft_ms"]["p99"], ".0f"),
+        fmt(p["tpot_ms"]["p50"], ".0f"),
+        fmt(p["tpot_ms"]["p99"], ".0f"),
+        fmt(p["itl_ms"]["p99"], ".0f"),
+        fmt(e.get("max_running"), "d"),
+        fmt(e.get("max_queue"), "d"),
+        fmt(e.get("peak_token_usage"), ".2f"),
     ]
+
+
+def fmt(value: Any, spec: str) -> str:
+    """A figure, or a dash where the source had none (an engine without metrics)."""
+    if value is None:
+        return "-"
+    if spec == "d":
+        return str(int(value))
+    return format(value, spec)
 
 
 def sweep_table(doc: dict[str, Any], title: str) -> Table:
