@@ -59,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,6 @@ STREAMS = (64, 256, 1000)
 SYSTEM_PROMPT_TOKENS = 128
 INPUT_TOKENS = 64
 OUTPUT_TOKENS = 128
-PROMPT_TOKENS = SYSTEM_PROMPT_TOKENS + INPUT_TOKENS
 MODEL_NAME = "qwen3-8b"
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
@@ -102,10 +102,10 @@ def engine_spec(pool_tokens: int | None = None) -> EngineSpec:
                       pool_tokens=pool_tokens)
 
 
-def pool_override(n: int) -> int | None:
+def pool_override(n: int, args: argparse.Namespace) -> int | None:
     """A larger pool where N streams would not fit the planned one (None: the planned pool)."""
     planned = engine_spec().pool_plan().kv_pool_tokens
-    need = SYSTEM_PROMPT_TOKENS + n * (INPUT_TOKENS + OUTPUT_TOKENS)
+    need = args.system_tokens + n * (args.input_tokens + args.output_tokens)
     if need * POOL_HEADROOM <= planned:
         return None
     return int(math.ceil(need * POOL_HEADROOM / 1024) * 1024)
@@ -116,20 +116,25 @@ class SimServer:
     """`chatfleet simserver` in a subprocess: started with a bounded wait for the URL it prints,
     stopped with SIGINT (bounded, then SIGKILL), killed on any error."""
 
-    def __init__(self, trace: Path, log: Path, pool_tokens: int | None) -> None:
+    def __init__(self, trace: Path, log: Path, pool_tokens: int | None,
+                 cpus: set[int] | None = None) -> None:
         self.argv = [str(CHATFLEET), "simserver", "--weights", "fp8", "--kv-cache", "fp8",
                      "--port", "0", "--time-scale", "1", "--trace", str(trace)]
         if pool_tokens is not None:
             self.argv += ["--pool-tokens", str(pool_tokens)]
         self.log = log
+        self.cpus = cpus
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> str:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        cpus = self.cpus
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
         with open(self.log, "ab") as err:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=err, env=env)
+                                         stdout=subprocess.PIPE, stderr=err, env=env,
+                                         preexec_fn=pin)
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         buf = b""
@@ -187,6 +192,32 @@ class SimServer:
             p.stdout.close()
 
 
+def cpu_split(args: argparse.Namespace) -> tuple[set[int] | None, set[int] | None]:
+    """--pin: the server on the first CPU this process may use, the client on the others (on
+    this 2-CPU machine: one each). Unpinned, the kernel places both, and on 2 CPUs it often
+    wakes the client on the server's CPU (wake-affine), where it waits for the server's burst
+    of writes to end."""
+    if not args.pin:
+        return None, None
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs")
+    return {mine[0]}, set(mine[1:])
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None) -> Iterator[None]:
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 # --- the trace --------------------------------------------------------------------------------
 @dataclasses.dataclass(slots=True)
 class Trace:
@@ -224,8 +255,8 @@ class ClientRun:
 
 
 async def run_load(url: str, n: int, args: argparse.Namespace) -> ClientRun:
-    wcfg = WorkloadConfig(system_prompt_tokens=SYSTEM_PROMPT_TOKENS,
-                          lengths=LengthSpec("fixed", INPUT_TOKENS, OUTPUT_TOKENS))
+    wcfg = WorkloadConfig(system_prompt_tokens=args.system_tokens,
+                          lengths=LengthSpec("fixed", args.input_tokens, args.output_tokens))
     driver = ClosedLoop(Workload(wcfg, random.Random(args.seed)), n)
     clock = Clock(1.0)
     session = make_session(read_timeout_s=120.0)
@@ -367,14 +398,16 @@ def analyse(n: int, run: ClientRun, trace: Trace, args: argparse.Namespace,
 
 
 def run_point(n: int, args: argparse.Namespace, workdir: Path) -> Point:
-    pool = pool_override(n)
+    pool = pool_override(n, args)
     trace_path = workdir / f"trace-{n}.jsonl"
     trace_path.unlink(missing_ok=True)
-    srv = SimServer(trace_path, workdir / f"simserver-{n}.log", pool)
+    server_cpus, client_cpus = cpu_split(args)
+    srv = SimServer(trace_path, workdir / f"simserver-{n}.log", pool, server_cpus)
     try:
         srv.start()
         cpu_before = srv.cpu_s()
-        run = run_client(srv.url, n, args)
+        with pinned(client_cpus):
+            run = run_client(srv.url, n, args)
         server_cpu = srv.cpu_s() - cpu_before
     except BaseException:
         srv.kill()
@@ -411,10 +444,11 @@ finally:
 """
 
 
-def peer_argv(url: str, n: int, prompts: int, out_file: Path) -> list[str]:
+def peer_argv(url: str, n: int, args: argparse.Namespace, out_file: Path) -> list[str]:
+    prompt, prompts = args.system_tokens + args.input_tokens, args.peer_prompts
     return ["--backend", "sglang-oai", "--base-url", url, "--model", MODEL_NAME,
             "--tokenizer", str(TOKENIZER_DIR), "--dataset-name", "random-ids",
-            "--random-input-len", str(PROMPT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS),
+            "--random-input-len", str(prompt), "--random-output-len", str(args.output_tokens),
             "--random-range-ratio", "1.0", "--num-prompts", str(prompts),
             "--max-concurrency", str(n), "--disable-tqdm", "--seed", "1",
             "--output-file", str(out_file)]
@@ -426,17 +460,18 @@ def run_peer(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     rows_path = workdir / f"peer-{n}-requests.json"
     out_file = workdir / f"peer-{n}-result.jsonl"
     out_file.unlink(missing_ok=True)
-    pool = pool_override(n)
-    srv = SimServer(trace_path, workdir / f"simserver-peer-{n}.log", pool)
-    argv = peer_argv("URL", n, args.peer_prompts, out_file)
+    pool = pool_override(n, args)
+    server_cpus, client_cpus = cpu_split(args)
+    srv = SimServer(trace_path, workdir / f"simserver-peer-{n}.log", pool, server_cpus)
+    argv = peer_argv("URL", n, args, out_file)
     try:
         srv.start()
-        argv = peer_argv(srv.url, n, args.peer_prompts, out_file)
+        argv = peer_argv(srv.url, n, args, out_file)
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    PYTHONWARNINGS="ignore")
         cpu0 = srv.cpu_s()
         t_start = time.monotonic()
-        with open(workdir / f"peer-{n}.log", "wb") as log:
+        with open(workdir / f"peer-{n}.log", "wb") as log, pinned(client_cpus):
             proc = subprocess.run([args.peer_python, "-c", PEER_WRAPPER, str(rows_path), *argv],
                                   stdout=log, stderr=subprocess.STDOUT, env=env,
                                   timeout=args.peer_timeout, check=False)
@@ -604,12 +639,12 @@ def write_json(path: Path, points: list[Point], peer: dict[str, Any] | None,
         "target": {"engine": "chatfleet simserver", "gpu": "l4", "model": MODEL_NAME,
                    "weights": "fp8", "kv_cache": "fp8", "time_scale": 1.0,
                    "planned_pool_tokens": engine_spec().pool_plan().kv_pool_tokens},
-        "workload": {"mode": "closed", "system_prompt_tokens": SYSTEM_PROMPT_TOKENS,
-                     "input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+        "workload": {"mode": "closed", "system_prompt_tokens": args.system_tokens,
+                     "input_tokens": args.input_tokens, "output_tokens": args.output_tokens,
                      "prompt_as": "token ids", "ignore_eos": True, "think_time_s": 0.0,
                      "warmup_s": args.warmup, "duration_s": args.duration,
                      "drain_s": args.drain, "seed": args.seed},
-        "client": {"loop": args.loop, "max_send_lag_ms": MAX_SEND_LAG_MS,
+        "client": {"loop": args.loop, "pinned": args.pin, "max_send_lag_ms": MAX_SEND_LAG_MS,
                    "max_loop_lag_ms": MAX_LOOP_LAG_MS},
         "host": {"cpus": os.cpu_count(), "processes": "simserver and client, separate"},
         "targets": {"err_p99_ms_at_64": TARGET_ERR_P99_MS, "rel_at_64": TARGET_REL},
@@ -627,8 +662,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=5.0, help="warm-up before the window (s)")
     ap.add_argument("--drain", type=float, default=90.0, help="bounded drain after it (s)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--system-tokens", type=int, default=SYSTEM_PROMPT_TOKENS,
+                    help="shared system prompt tokens (0: none, as the peer's random-ids)")
+    ap.add_argument("--input-tokens", type=int, default=INPUT_TOKENS)
+    ap.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS)
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
                     help="the client's event loop (chatfleet sweep runs on asyncio's)")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the simserver to one CPU and the client to the others")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--keep-traces", type=Path, default=None, help="keep traces and logs here")
     ap.add_argument("--peer-python", default=None,
@@ -647,10 +688,11 @@ def main() -> None:
         workdir = Path(tmp)
     started = dt.datetime.now(dt.UTC)
     print(f"harness accuracy against the simserver's trace: L4 model, FP8/FP8, time scale 1; "
-          f"closed loop, prompt {SYSTEM_PROMPT_TOKENS}+{INPUT_TOKENS} tokens (ids), "
-          f"{OUTPUT_TOKENS} out; warm-up {args.warmup:g} s, window {args.duration:g} s; client "
+          f"closed loop, prompt {args.system_tokens}+{args.input_tokens} tokens (ids), "
+          f"{args.output_tokens} out; warm-up {args.warmup:g} s, window {args.duration:g} s; client "
           f"loop {args.loop}; simserver and client in separate processes on "
-          f"{os.cpu_count()} CPUs", flush=True)
+          f"{os.cpu_count()} CPUs, {'pinned to separate CPUs' if args.pin else 'unpinned'}",
+          flush=True)
     points: list[Point] = []
     peer: dict[str, Any] | None = None
     try:

@@ -7,7 +7,7 @@
 # figures of a reference engine (bound by Python overhead, not the GPU), never L4 figures.
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
-CONCURRENCY=${CONCURRENCY:-1,4,8,16}
+CONCURRENCY=${CONCURRENCY:-1,2,4,8,16}
 DURATION=${DURATION:-40}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
@@ -15,7 +15,7 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 mkdir -p ~/.cache/huggingface/hub "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 MODEL=/tmp/qwen3-8b-random
-python3 benchmarks/device/make_random_qwen3.py "$MODEL"
+[ -f "$MODEL/config.json" ] || python3 benchmarks/device/make_random_qwen3.py "$MODEL"
 PORT=8765
 setsid transformers serve "$MODEL" --continuous-batching --dtype bfloat16 \
     --host 127.0.0.1 --port $PORT > "$OUT/engine.log" 2>&1 &

@@ -78,6 +78,14 @@ def _delta_has_text(choice: dict[str, Any]) -> bool:
     return bool(choice.get("text"))
 
 
+def _reasoning(choice: dict[str, Any]) -> str | None:
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        r = delta.get("reasoning_content") or delta.get("reasoning")
+        return r if isinstance(r, str) else None
+    return None
+
+
 def _content(choice: dict[str, Any]) -> str | None:
     delta = choice.get("delta")
     if isinstance(delta, dict):
@@ -90,9 +98,14 @@ def _content(choice: dict[str, Any]) -> str | None:
 async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, Any],
                  record: RequestRecord, clock: Clock,
                  headers: dict[str, str] | None = None,
-                 on_chunk: Callable[[float, int], None] | None = None) -> StreamOutcome:
+                 on_chunk: Callable[[float, int], None] | None = None,
+                 count_text: Callable[[str], int] | None = None) -> StreamOutcome:
     """POST a streaming request and record it. Never raises for HTTP or stream errors: they
-    become the record's outcome (shed for 429, error otherwise)."""
+    become the record's outcome (shed for 429, error otherwise).
+
+    Without running usage, a chunk's tokens are counted with `count_text` (the tokenizer), at
+    least one per chunk with text; when the final usage gives the true total, the difference
+    goes to the last chunk. Either way the record is marked `itl_estimated`."""
     out = StreamOutcome(record, asked_tokens=payload.get("max_tokens"))
     record.send_time = clock.now()
     prev_tokens = 0
@@ -133,17 +146,22 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
                     record.cached_tokens = int(details.get("cached_tokens") or 0)
                     record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
                     total = int(usage.get("completion_tokens") or 0)
-                    if choices:
+                    if estimated or not choices or not _delta_has_text(choices[0]):
+                        # a closing usage block: reconcile the estimate with the true total
+                        if out.chunk_tokens and total > prev_tokens:
+                            out.chunk_tokens[-1] += total - prev_tokens
+                            prev_tokens = total
+                    else:
                         n = total - prev_tokens
                         prev_tokens = total
                 elif choices and _delta_has_text(choices[0]):
-                    n = 1
-                    prev_tokens += 1
+                    text = _content(choices[0]) or _reasoning(choices[0]) or ""
+                    n = max(1, count_text(text)) if count_text and text else 1
+                    prev_tokens += n
                     estimated = True
-                if choices:
-                    piece = _content(choices[0])
-                    if piece:
-                        out.text_parts.append(piece)
+                content = _content(choices[0]) if choices else None
+                if content:
+                    out.text_parts.append(content)
                 if choices and choices[0].get("finish_reason"):
                     out.finish_reason = choices[0]["finish_reason"]
                 if n > 0:

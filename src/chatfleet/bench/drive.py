@@ -85,7 +85,8 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
                 session: aiohttp.ClientSession,
                 route: Callable[[RequestSpec, int], int] | None = None,
                 headers: dict[str, str] | None = None,
-                stop: asyncio.Event | None = None) -> DriveResult:
+                stop: asyncio.Event | None = None,
+                count_text: Callable[[str], int] | None = None) -> DriveResult:
     """Run one load point (model times throughout; `clock` converts a time-scaled target)."""
     route = route or (lambda spec, n: spec.user % n)
     stop = stop or asyncio.Event()  # set it to end the window early (Ctrl-C)
@@ -107,7 +108,8 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
         rec.replica = targets[i]
         path, body = payload(spec)
         try:
-            out = await stream(session, targets[i] + path, body, rec, clock, headers)
+            out = await stream(session, targets[i] + path, body, rec, clock, headers,
+                               count_text=count_text)
         except asyncio.CancelledError:
             rec.outcome = "timeout"
             rec.error = "not finished within the drain limit"

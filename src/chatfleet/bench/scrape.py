@@ -103,6 +103,8 @@ class EngineScraper:
             self._session = None
 
     async def _run(self) -> None:
+        if not getattr(self.adapter, "has_metrics", True):
+            return  # the engine serves no /metrics: nothing to scrape
         next_at = time.monotonic()
         while True:
             await self.scrape_once()

@@ -34,7 +34,7 @@ from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
 from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
 from chatfleet.core.metrics import SLO, bisect_next, find_knee, load_value, summarize_point
-from chatfleet.core.workload import ClosedLoop, OpenLoop, Workload, WorkloadConfig
+from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec, Workload, WorkloadConfig
 from chatfleet.engines import EngineAdapter, get_adapter
 
 FLUSH_TRIES = 3
@@ -132,15 +132,27 @@ class LiveSweep:
         return self._payload
 
     def _make_payload(self) -> Payload:
+        inner: Payload
         if self.cfg.api == "completions-ids":
-            return completions_with_ids(self.cfg.model, self.adapter.accepts_ignore_eos)
+            inner = completions_with_ids(self.cfg.model, self.adapter.accepts_ignore_eos)
+        else:
+            from chatfleet.datasets import load_qwen_tokenizer
+
+            inner = ChatPayload(load_qwen_tokenizer(), self.cfg.model,
+                                ignore_eos=self.adapter.accepts_ignore_eos,
+                                thinking=self.cfg.thinking,
+                                continuous_usage=self.adapter.accepts_continuous_usage,
+                                system_groups=self.cfg.wcfg.prompt_groups)
+        return Shaped(inner, self.adapter)
+
+    def count_text(self) -> Callable[[str], int] | None:
+        """Where the engine sends no running usage, count each chunk with the tokenizer."""
+        if self.adapter.accepts_continuous_usage:
+            return None
         from chatfleet.datasets import load_qwen_tokenizer
 
-        return ChatPayload(load_qwen_tokenizer(), self.cfg.model,
-                           ignore_eos=self.adapter.accepts_ignore_eos,
-                           thinking=self.cfg.thinking,
-                           continuous_usage=self.adapter.accepts_continuous_usage,
-                           system_groups=self.cfg.wcfg.prompt_groups)
+        tok = load_qwen_tokenizer()
+        return lambda text: len(tok.encode(text))
 
     # --- one run ---------------------------------------------------------------------------
     async def flush_all(self, session: aiohttp.ClientSession) -> tuple[bool, str]:
@@ -194,7 +206,7 @@ class LiveSweep:
             res: DriveResult = await drive(c.targets, driver, payload,
                                            window_end=window_end, drain_s=c.drain_s,
                                            clock=clock, session=session, headers=headers,
-                                           stop=self.stop)
+                                           stop=self.stop, count_text=self.count_text())
         records = res.records
         # the flush took only if the first request each target saw found nothing cached
         # (where the engine reports cached tokens at all)
@@ -305,6 +317,22 @@ class LiveSweep:
                 self._record(await self.run_one(index, load, session))
                 index += 1
         return index
+
+
+class Shaped:
+    """A payload builder whose bodies are cut to what the engine accepts (a strict OpenAI
+    server answers 422 to any other field)."""
+
+    def __init__(self, inner: Payload, adapter: EngineAdapter) -> None:
+        self.inner = inner
+        self.adapter = adapter
+        for hook in ("on_answer", "end_session", "reset"):
+            if hasattr(inner, hook):
+                setattr(self, hook, getattr(inner, hook))
+
+    def __call__(self, spec: RequestSpec) -> tuple[str, dict[str, Any]]:
+        path, body = self.inner(spec)
+        return path, self.adapter.shape_payload(body)
 
 
 def _value(load: dict[str, Any]) -> float:

@@ -240,6 +240,7 @@ class EngineAdapter:
     flush_method: ClassVar[str] = "POST"
     flush_needs_verification: ClassVar[bool] = False
     metric_names: ClassVar[MetricNames] = MetricNames()
+    has_metrics: ClassVar[bool] = True  # serves Prometheus /metrics
     cache_report_flag: ClassVar[str | None] = None  # the flag that makes cached_tokens appear
     accepts_ignore_eos: ClassVar[bool] = True  # ignore_eos and min_tokens
     accepts_continuous_usage: ClassVar[bool] = True  # stream_options.continuous_usage_stats

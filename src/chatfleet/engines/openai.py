@@ -31,6 +31,7 @@ class OpenAIAdapter(EngineAdapter):
     flush_path: ClassVar[str | None] = None
     accepts_ignore_eos: ClassVar[bool] = False
     accepts_continuous_usage: ClassVar[bool] = False
+    has_metrics: ClassVar[bool] = False
     default_port: ClassVar[int] = 8000
 
     def shape_payload(self, payload: Mapping[str, Any]) -> dict[str, Any]:
