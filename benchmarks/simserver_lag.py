@@ -620,7 +620,18 @@ def write_json(path: Path, points: list[Point], args: argparse.Namespace,
             **p.extra} for p in points],
         "verdicts": verdicts(points),
     }
-    path.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
+    path.write_text(json.dumps(no_nan(doc), indent=1) + "\n")
+
+
+def no_nan(obj: Any) -> Any:
+    """NaN (a figure with no sample) as null, so the file is standard JSON."""
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, dict):
+        return {k: no_nan(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [no_nan(v) for v in obj]
+    return obj
 
 
 if __name__ == "__main__":

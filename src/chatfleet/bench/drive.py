@@ -53,22 +53,38 @@ def completions_with_ids(model: str, ignore_eos: bool = True, send_rid: bool = F
 class DriveResult:
     records: list[RequestRecord]
     outcomes: list[StreamOutcome]
-    send_lag_ms: list[float] = field(default_factory=list)
-    loop_lag_ms: list[float] = field(default_factory=list)
+    send_lag: list[tuple[float, float]] = field(default_factory=list)  # (scheduled t, ms)
+    loop_lag: list[tuple[float, float]] = field(default_factory=list)  # (model t, ms)
     wall_s: float = 0.0
     interrupted: bool = False
 
+    @property
+    def send_lag_ms(self) -> list[float]:
+        return [lag for _, lag in self.send_lag]
+
+    @property
+    def loop_lag_ms(self) -> list[float]:
+        return [lag for _, lag in self.loop_lag]
+
+    def window_lags(self, start: float, end: float) -> tuple[list[float], list[float]]:
+        """Send and loop lag inside the measurement window: a closed loop's start (every
+        user at once) is not what the window's requests saw."""
+        return ([lag for t, lag in self.send_lag if start <= t < end],
+                [lag for t, lag in self.loop_lag if start <= t < end])
+
 
 class _LoopLag:
-    def __init__(self) -> None:
-        self.samples: list[float] = []
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.samples: list[tuple[float, float]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
             t = time.monotonic()
             await asyncio.sleep(LOOP_PROBE_S)
-            self.samples.append(max(0.0, (time.monotonic() - t - LOOP_PROBE_S) * 1000))
+            late = max(0.0, (time.monotonic() - t - LOOP_PROBE_S) * 1000)
+            self.samples.append((self.clock.now(), late))
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -91,15 +107,15 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
     route = route or (lambda spec, n: spec.user % n)
     stop = stop or asyncio.Event()  # set it to end the window early (Ctrl-C)
     res = DriveResult([], [])
-    lag = _LoopLag()
+    lag = _LoopLag(clock)
     lag.start()
     tasks: set[asyncio.Task[None]] = set()
     t_start = time.monotonic()
 
     async def send(spec: RequestSpec) -> StreamOutcome:
         await clock.sleep_until(spec.scheduled_time)
-        res.send_lag_ms.append(max(0.0, (clock.now() - spec.scheduled_time) * 1000
-                                   / clock.scale))
+        res.send_lag.append((spec.scheduled_time, max(0.0, (clock.now() - spec.scheduled_time)
+                                                      * 1000 / clock.scale)))
         rec = RequestRecord(spec.request_id, spec.session_id, spec.turn,
                             scheduled_time=spec.scheduled_time,
                             prompt_tokens=spec.prompt_len)
@@ -165,6 +181,6 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
     await lag.stop()
-    res.loop_lag_ms = lag.samples
+    res.loop_lag = lag.samples
     res.wall_s = time.monotonic() - t_start
     return res

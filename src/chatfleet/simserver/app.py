@@ -251,28 +251,40 @@ class ReplicaApp:
                 body["usage"] = self._usage(h, n)
             return b"data: " + orjson.dumps(body) + b"\n\n"
 
+        sent = 0
+
+        async def sink(planned: list[float]) -> None:
+            """Called by the engine loop after each step with this stream's new tokens."""
+            nonlocal sent
+            out = []
+            for _ in planned:
+                piece = pieces[sent]
+                if kind == "chat":
+                    delta: dict[str, Any] = ({"reasoning_content": piece} if sent < reasoning
+                                             else {"content": piece})
+                    if sent == 0:
+                        delta["role"] = "assistant"
+                    out.append(chunk(delta, None, None, sent + 1))
+                else:
+                    out.append(chunk(None, piece, None, sent + 1))
+                sent += 1
+            try:
+                await resp.write(b"".join(out))
+            except (ConnectionResetError, RuntimeError, OSError):
+                self.replica.abort(h.rid)  # the client went away: free its KV now
+                return
+            self.replica.record_sent(h, planned)
+
         try:
             await resp.prepare(request)
-            n = 0
-            while True:
-                planned = await self._wait(h)
-                out = []
-                for _ in planned:
-                    piece = pieces[n]
-                    if kind == "chat":
-                        delta: dict[str, Any] = ({"reasoning_content": piece} if n < reasoning
-                                                 else {"content": piece})
-                        if n == 0:
-                            delta["role"] = "assistant"
-                        out.append(chunk(delta, None, None, n + 1))
-                    else:
-                        out.append(chunk(None, piece, None, n + 1))
-                    n += 1
-                if out:
-                    await resp.write(b"".join(out))
-                    self.replica.record_sent(h, planned)
-                if h.finished or h.aborted:
-                    break
+            h.sink = sink
+            if h.pending:  # tokens that came before the stream was ready
+                planned, h.pending = h.pending, []
+                await sink(planned)
+            while not (h.finished or h.aborted):
+                await h.wake.wait()
+                h.wake.clear()
+            n = sent
             reason = "abort" if h.aborted and not h.finished else h.finish_reason
             tail = [chunk({}, "", reason, n)]
             if include_usage:
@@ -286,6 +298,7 @@ class ReplicaApp:
             self.replica.abort(h.rid)  # the client went away: free its KV now
             raise
         finally:
+            h.sink = None
             self.replica.release(h)
         return resp
 

@@ -1,8 +1,9 @@
 """One simulated replica: the engine model from core/engine, stepped in wall-clock time.
 
-A step is scheduled at the current model time, and completes when its modelled duration has
-elapsed on the wall clock (divided by the time scale). Model time is wall time since start x
-the time scale; every reported time is model time.
+A step completes when its modelled duration has elapsed on the wall clock (divided by the time
+scale); back-to-back steps follow the model's timeline (see `_run`). Model time is wall time
+since start x the time scale; every reported time is model time. After each step the engine
+loop writes the step's tokens to every streaming client in one pass.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +45,10 @@ class Handle:
     finish_reason: str | None = None
     first_token_model: float | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # a streaming handler's writer: the engine loop calls it right after each step with the
+    # planned times of the new tokens, so a step's chunks go out in one pass, not one task
+    # wake-up per stream
+    sink: Callable[[list[float]], Awaitable[None]] | None = None
 
     @property
     def cached_tokens(self) -> int:
@@ -77,6 +82,7 @@ class TraceWriter:
 
 
 RESYNC_WALL_S = 0.050
+SPIN_S = 0.0015
 
 
 class Replica:
@@ -98,7 +104,6 @@ class Replica:
         self._task: asyncio.Task[None] | None = None
         self._t0_wall = time.time()
         self._t0_mono = time.monotonic()
-        self.num_lag_samples = 0
         self.profile = thermal_profile(spec.gpu)
 
     # --- clocks ---------------------------------------------------------------------------
@@ -191,26 +196,37 @@ class Replica:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            delay = self.mono_at(step.end) - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            self._complete(step)
+            await self._sleep_until(self.mono_at(step.end))
+            await self._complete(step)
             last_end = step.end
 
-    def _complete(self, step: Step) -> None:
+    @staticmethod
+    async def _sleep_until(target: float) -> None:
+        """Sleep to `target` (monotonic): the selector's timeout has 1 ms granularity, so the
+        last SPIN_S is spent yielding to the other tasks instead."""
+        delay = target - time.monotonic()
+        if delay > SPIN_S:
+            await asyncio.sleep(delay - SPIN_S)
+        while time.monotonic() < target:
+            await asyncio.sleep(0)
+
+    async def _complete(self, step: Step) -> None:
         res = self.sched.complete(step.end)
         t = step.end
         if step.kind == "prefill":
-            for req in res.first_tokens:
-                self._emit(req, t)
-            for req in res.finished:
-                self._finish(req)
+            emitted = list(res.first_tokens)
         else:
-            for req in self.sched.running.values():
-                self._emit(req, t)
-            for req in res.finished:
-                self._emit(req, t)
-                self._finish(req)
+            emitted = [*self.sched.running.values(), *res.finished]
+        streams: list[Handle] = []
+        for req in emitted:
+            h = self._emit(req, t)
+            if h is not None and h.sink is not None:
+                streams.append(h)
+        for h in streams:  # one pass over the step's streams
+            planned, h.pending = h.pending, []
+            await h.sink(planned)  # type: ignore[misc]
+        for req in res.finished:
+            self._finish(req)
         if res.retracted:
             self.metrics.num_retractions.inc(len(res.retracted))
         self.metrics.on_step(self.sched, step)
@@ -223,16 +239,18 @@ class Replica:
                 "lag_ms": round((time.monotonic() - self.mono_at(t)) * 1000, 3),
             })
 
-    def _emit(self, req: EngineRequest, t: float) -> None:
+    def _emit(self, req: EngineRequest, t: float) -> Handle | None:
         h = req.tag
         if not isinstance(h, Handle) or h.aborted:
-            return
+            return None
         if h.first_token_model is None:
             h.first_token_model = t
         h.emitted += 1
         h.pending.append(t)
         self.metrics.generation_tokens.inc()
-        h.wake.set()
+        if h.sink is None:
+            h.wake.set()
+        return h
 
     def _finish(self, req: EngineRequest) -> None:
         h = req.tag
