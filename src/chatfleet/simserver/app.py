@@ -252,21 +252,32 @@ class ReplicaApp:
             return b"data: " + orjson.dumps(body) + b"\n\n"
 
         sent = 0
+        ready: tuple[int, bytes] | None = None  # (token index, its chunk) rendered ahead
+
+        def render(i: int) -> bytes:
+            piece = pieces[i]
+            if kind == "chat":
+                delta: dict[str, Any] = ({"reasoning_content": piece} if i < reasoning
+                                         else {"content": piece})
+                if i == 0:
+                    delta["role"] = "assistant"
+                return chunk(delta, None, None, i + 1)
+            return chunk(None, piece, None, i + 1)
+
+        def prerender() -> None:
+            nonlocal ready
+            if sent < len(pieces):
+                ready = (sent, render(sent))
 
         async def sink(planned: list[float]) -> None:
             """Called by the engine loop after each step with this stream's new tokens."""
             nonlocal sent
             out = []
             for _ in planned:
-                piece = pieces[sent]
-                if kind == "chat":
-                    delta: dict[str, Any] = ({"reasoning_content": piece} if sent < reasoning
-                                             else {"content": piece})
-                    if sent == 0:
-                        delta["role"] = "assistant"
-                    out.append(chunk(delta, None, None, sent + 1))
+                if ready is not None and ready[0] == sent:
+                    out.append(ready[1])
                 else:
-                    out.append(chunk(None, piece, None, sent + 1))
+                    out.append(render(sent))
                 sent += 1
             try:
                 await resp.write(b"".join(out))
@@ -278,6 +289,7 @@ class ReplicaApp:
         try:
             await resp.prepare(request)
             h.sink = sink
+            h.prerender = prerender
             if h.pending:  # tokens that came before the stream was ready
                 planned, h.pending = h.pending, []
                 await sink(planned)
@@ -299,6 +311,7 @@ class ReplicaApp:
             raise
         finally:
             h.sink = None
+            h.prerender = None
             self.replica.release(h)
         return resp
 

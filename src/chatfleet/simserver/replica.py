@@ -49,6 +49,8 @@ class Handle:
     # planned times of the new tokens, so a step's chunks go out in one pass, not one task
     # wake-up per stream
     sink: Callable[[list[float]], Awaitable[None]] | None = None
+    # renders the stream's next chunk ahead of time, while the step it belongs to runs
+    prerender: Callable[[], None] | None = None
 
     @property
     def cached_tokens(self) -> int:
@@ -56,25 +58,41 @@ class Handle:
 
 
 class TraceWriter:
-    """JSON lines, buffered, flushed twice a second and on close."""
+    """JSON lines, buffered. Rows are kept as they come (a dict, or a compact token tuple
+    turned into a row later) and serialized by `flush`, which the engine loop calls while a
+    step runs (and on idle and close), never in the middle of a step's write burst."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._f: IO[bytes] = open(path, "ab")  # noqa: SIM115 (closed in close())
-        self._buf: list[bytes] = []
-        self._last_flush = time.monotonic()
+        self._rows: list[dict[str, Any]] = []
+        self._tokens: list[tuple[Any, ...]] = []
 
     def write(self, row: dict[str, Any]) -> None:
-        self._buf.append(orjson.dumps(row) + b"\n")
-        if time.monotonic() - self._last_flush > 0.5:
-            self.flush()
+        self._rows.append(row)
+
+    def write_token(self, replica: Replica, rid: str, index: int, planned: float,
+                    actual_mono: float, actual_unix: float) -> None:
+        self._tokens.append((replica, rid, index, planned, actual_mono, actual_unix))
+
+    def pending(self) -> int:
+        return len(self._rows) + len(self._tokens)
 
     def flush(self) -> None:
-        if self._buf:
-            self._f.write(b"".join(self._buf))
-            self._f.flush()
-            self._buf.clear()
-        self._last_flush = time.monotonic()
+        if not (self._rows or self._tokens):
+            return
+        out = [orjson.dumps(r) + b"\n" for r in self._rows]
+        for rep, rid, index, planned, mono, unix in self._tokens:
+            out.append(orjson.dumps({
+                "type": "token", "replica": rep.name, "rid": rid, "index": index,
+                "planned": planned, "actual": (mono - rep._t0_mono) * rep.time_scale,
+                "planned_unix": rep.unix_at(planned), "actual_unix": unix,
+                "planned_mono": rep.mono_at(planned), "actual_mono": mono,
+            }) + b"\n")
+        self._rows.clear()
+        self._tokens.clear()
+        self._f.write(b"".join(out))
+        self._f.flush()
 
     def close(self) -> None:
         self.flush()
@@ -83,6 +101,7 @@ class TraceWriter:
 
 RESYNC_WALL_S = 0.050
 SPIN_S = 0.0015
+TRACE_FLUSH_ROWS = 2000
 
 
 class Replica:
@@ -196,6 +215,13 @@ class Replica:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self.trace is not None and self.trace.pending() > TRACE_FLUSH_ROWS:
+                self.trace.flush()  # while the step runs, not in its write burst
+            if step.kind == "decode":  # the step's sleep is free time: render its chunks now
+                for req in self.sched.running.values():
+                    h = req.tag
+                    if isinstance(h, Handle) and h.prerender is not None:
+                        h.prerender()
             await self._sleep_until(self.mono_at(step.end))
             await self._complete(step)
             last_end = step.end
@@ -267,16 +293,11 @@ class Replica:
         if self.trace is None:
             return
         actual_mono = time.monotonic()
-        actual = (actual_mono - self._t0_mono) * self.time_scale
         unix = time.time()
+        write = self.trace.write_token
         for p in planned:
+            write(self, h.rid, h.sent, p, actual_mono, unix)
             h.sent += 1
-            self.trace.write({
-                "type": "token", "replica": self.name, "rid": h.rid, "index": h.sent - 1,
-                "planned": p, "actual": actual, "planned_unix": self.unix_at(p),
-                "actual_unix": unix, "planned_mono": self.mono_at(p),
-                "actual_mono": actual_mono,
-            })
 
     def telemetry(self) -> dict[str, Any]:
         self.sched.advance_idle(self.model_now())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from chatfleet.datasets import load_qwen_tokenizer
 from chatfleet.simserver.app import ReplicaApp
 from chatfleet.simserver.generation import AnswerMaker
 from chatfleet.simserver.replica import Replica, TraceWriter
+
+GC_GEN0_THRESHOLD = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,9 @@ class RunningServer:
 async def start(cfg: ServerConfig) -> RunningServer:
     if cfg.replicas < 1:
         raise ValueError("replicas must be at least 1")
+    # a full collection in the middle of a step's write burst delays every stream behind it:
+    # collect young objects less often (the server's garbage is short-lived request state)
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     tok = load_qwen_tokenizer()
     answers = AnswerMaker(tok, median_tokens=cfg.answer_median_tokens)
     trace = TraceWriter(cfg.trace) if cfg.trace is not None else None
