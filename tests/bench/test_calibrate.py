@@ -49,6 +49,7 @@ def test_calibrate_cli_writes_a_profile_the_twin_uses(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "fit error" in res.output
     cal, doc = load_profile(out)
+    assert cal.gpu == "l4"
     assert doc["schema"] == "chatfleet.profile/1"
     res = runner.invoke(app, ["twin", "sweep", "--gpu", "l4", "--weights", "fp8", "--kv-cache",
                               "fp8", "--concurrency", "1", "--duration", "30", "--warmup", "0",
