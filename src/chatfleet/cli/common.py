@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,17 +76,9 @@ def parse_list(text: str, cast: Callable[[str], Any], what: str) -> list[Any]:
 
 def write_json_atomic(path: Path, doc: Any) -> None:
     """Write `doc` so that a reader (or a crash) never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from chatfleet.bench.results import dumps, write_atomic
+
+    write_atomic(path, dumps(doc))
 
 
 def print_json(doc: Any) -> None:

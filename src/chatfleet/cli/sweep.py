@@ -10,8 +10,8 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chatfleet.cli.common import clean_errors, console, fail, out, parse_list
-from chatfleet.cli.twin import build_lengths, knee_lines, parse_arrival, sweep_table
+from chatfleet.cli.common import clean_errors, console, fail, out
+from chatfleet.cli.twin import build_lengths, build_loads, knee_lines, sweep_table
 from chatfleet.core.metrics import SLO
 from chatfleet.core.workload import WorkloadConfig
 
@@ -95,16 +95,7 @@ def sweep(
             reasoning_share=0.0,
         )
         slo = SLO(slo_ttft_ms, slo_tpot_ms, itl_stat, attainment)  # type: ignore[arg-type]
-        loads: list[dict[str, Any]] = [
-            {"mode": "closed", "concurrency": c}
-            for c in parse_list(concurrency, int, "--concurrency")
-        ] if concurrency else []
-        if rate:
-            b = parse_arrival(arrival)
-            loads += [{"mode": "open", "rate_rps": r, "arrival": arrival, "burstiness": b}
-                      for r in parse_list(rate, float, "--rate")]
-        if not loads:
-            fail("nothing to run: give --concurrency or --rate")
+        loads = build_loads(concurrency, rate, arrival)
         labels: dict[str, Any] = {k: v for k, v in (("gpu", gpu), ("weights", weights),
                                                      ("kv_cache", kv_cache)) if v}
         if engine_log is not None:

@@ -67,6 +67,22 @@ def build_lengths(kind: str, input_len: int, output_len: int, range_ratio: float
     fail(f"unknown --lengths {kind!r}: fixed, uniform, sharegpt or file")
 
 
+def build_loads(concurrency: str | None, rate: str | None,
+                arrival: str) -> list[dict[str, Any]]:
+    """The load points of a sweep: closed-loop user counts, then open-loop rates."""
+    loads: list[dict[str, Any]] = [
+        {"mode": "closed", "concurrency": c}
+        for c in parse_list(concurrency, int, "--concurrency")
+    ] if concurrency else []
+    if rate:
+        b = parse_arrival(arrival)
+        loads += [{"mode": "open", "rate_rps": r, "arrival": arrival, "burstiness": b}
+                  for r in parse_list(rate, float, "--rate")]
+    if not loads:
+        fail("nothing to run: give --concurrency or --rate")
+    return loads
+
+
 def point_row(p: dict[str, Any]) -> list[str]:
     load = p["load"]
     label = (f"{load['concurrency']} users" if load["mode"] == "closed"
@@ -244,16 +260,7 @@ def sweep(
             ramp_up_s=ramp_up,
         )
         slo = SLO(slo_ttft_ms, slo_tpot_ms, itl_stat, attainment)  # type: ignore[arg-type]
-        loads: list[dict[str, Any]] = [
-            {"mode": "closed", "concurrency": c}
-            for c in parse_list(concurrency, int, "--concurrency")
-        ] if concurrency else []
-        if rate:
-            b = parse_arrival(arrival)
-            loads += [{"mode": "open", "rate_rps": r, "arrival": arrival, "burstiness": b}
-                      for r in parse_list(rate, float, "--rate")]
-        if not loads:
-            fail("nothing to run: give --concurrency or --rate")
+        loads = build_loads(concurrency, rate, arrival)
         workload = {**wcfg.to_json(), "duration_s": duration, "warmup_s": warmup, "seed": seed}
         target = target_block(spec)
         points: list[dict[str, Any]] = []
