@@ -14,6 +14,7 @@ marked `itl_estimated`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +48,38 @@ class Clock:
             await asyncio.sleep(delay)
 
 
+# Arrival stamps. The event loop may handle a burst of chunks one after another, so the time a
+# coroutine reads a line can be milliseconds after its bytes came in. The protocol's
+# data_received runs as the socket is read: it stamps every SSE event in the bytes it gets, and
+# the stream reader takes those stamps in order. Installed once per process, used only by
+# responses that register themselves; anything unexpected falls back to the read time.
+_ARRIVALS: dict[int, collections.deque[float | None]] = {}
+_installed = False
+
+
+def _install_arrival_stamps() -> None:
+    global _installed
+    if _installed:
+        return
+    from aiohttp.client_proto import ResponseHandler
+
+    original = ResponseHandler.data_received
+
+    def data_received(self: ResponseHandler, data: bytes) -> None:
+        q = _ARRIVALS.get(id(self))
+        if q is not None and data:
+            n = data.count(b"data:")
+            if n:
+                t = time.monotonic()
+                q.extend([t] * n)
+        original(self, data)
+
+    ResponseHandler.data_received = data_received  # type: ignore[method-assign]
+    _installed = True
+
+
 def make_session(read_timeout_s: float = 600.0) -> aiohttp.ClientSession:
+    _install_arrival_stamps()
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=read_timeout_s)
     return aiohttp.ClientSession(connector=connector, timeout=timeout,
@@ -107,6 +139,8 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
     least one per chunk with text; when the final usage gives the true total, the difference
     goes to the last chunk. Either way the record is marked `itl_estimated`."""
     out = StreamOutcome(record, asked_tokens=payload.get("max_tokens"))
+    stamps: collections.deque[float | None] | None = None
+    proto_key: int | None = None
     record.send_time = clock.now()
     prev_tokens = 0
     estimated = False
@@ -119,6 +153,14 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
                 if resp.status == 429:
                     record.error += f" (retry-after {resp.headers.get('retry-after')})"
                 return out
+            proto = resp.connection.protocol if resp.connection is not None else None
+            if proto is not None:
+                # events already buffered arrived before we could stamp them: no stamp
+                early = sum(bytes(c).count(b"data:")
+                            for c in getattr(resp.content, "_buffer", ()))
+                stamps = collections.deque([None] * early)
+                proto_key = id(proto)
+                _ARRIVALS[proto_key] = stamps
             async for line in resp.content:
                 if not line.startswith(b"data:"):
                     continue
@@ -126,6 +168,12 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
                 if data == b"[DONE]":
                     break
                 t = clock.now()
+                if stamps:
+                    stamp = stamps.popleft()
+                    if stamp is not None:
+                        arrived = (stamp - clock.t0) * clock.scale
+                        if arrived <= t:
+                            t = arrived
                 try:
                     obj = orjson.loads(data)
                 except orjson.JSONDecodeError:
@@ -172,6 +220,9 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
     except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         record.outcome = "error"
         record.error = f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        if proto_key is not None and _ARRIVALS.get(proto_key) is stamps:
+            del _ARRIVALS[proto_key]
     if out.chunk_times:
         record.token_times = expand_chunks(None, out.chunk_times, out.chunk_tokens)
         record.first_token_time = out.chunk_times[0]

@@ -68,7 +68,7 @@ class LiveSweepConfig:
     thinking: bool = False
     api_key: str | None = None
     max_send_lag_ms: float = 50.0
-    max_loop_lag_ms: float = 50.0
+    max_loop_lag_ms: float = 10.0
     labels: dict[str, Any] = field(default_factory=dict)  # gpu, weights, kv_cache for reports
     save_records: bool = True
 

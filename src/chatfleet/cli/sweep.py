@@ -72,7 +72,7 @@ def sweep(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep in "
                                 "--out, skipping finished runs."),
     max_send_lag_ms: float = typer.Option(50.0, help="Client send-lag p99 bound (validity)."),
-    max_loop_lag_ms: float = typer.Option(50.0, help="Client loop-lag p99 bound (validity)."),
+    max_loop_lag_ms: float = typer.Option(10.0, help="Client loop-lag p99 bound (validity)."),
 ) -> None:
     """Measure the knee against live engines, with the method automated."""
     from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, request_stop
