@@ -139,3 +139,20 @@ def test_a_flushed_sweep_of_two_simservers_finds_the_twins_knees(tmp_path: Path)
         assert all(p["valid"] and p["flushed"] for p in live["points"]), live["points"]
         assert live["knee"] == twin["knee"], prec
         assert live["recommended_cap"] == twin["recommended_cap"]
+
+
+@pytest.mark.timeout(240)
+def test_refine_bisects_the_knee_bracket_down_to_one_user(tmp_path: Path) -> None:
+    wcfg = WorkloadConfig(lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm"))
+    with serve_in_thread(ServerConfig(spec=spec("fp8"), time_scale=20)) as srv:
+        cfg = config(srv.urls, tmp_path / "s", closed(4, 64), wcfg=wcfg, duration_s=40.0,
+                     warmup_s=5.0, refine=True, refine_max_runs=6)
+        doc = asyncio.run(LiveSweep(cfg).run())
+    tested = [p["load"]["concurrency"] for p in doc["points"]]
+    assert tested[:2] == [4, 64]
+    assert len(tested) > 2  # the bracket (4, 64) was bisected
+    knee = doc["knee"]
+    assert knee["meets"] is not None and knee["fails"] is not None
+    # bisected until one user wide, or out of refinement runs
+    assert knee["fails"] - knee["meets"] == 1 or len(tested) == 2 + 6
+    assert [p["seed"] for p in doc["points"]] == list(range(1, len(tested) + 1))
