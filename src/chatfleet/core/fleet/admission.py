@@ -1,0 +1,400 @@
+"""Admission: a cap on requests in flight per replica, one bounded queue with deadlines, and
+shedding with a Retry-After computed from the observed drain rate.
+
+Rules (docs/fleet-core.md states them with examples):
+
+- A request is admitted to the replica its route names when that replica has fewer requests in
+  flight than its cap. Otherwise it waits in the one queue, ordered by class (returning sessions
+  first when `prioritize_returning`), then by arrival order (FCFS within a class).
+- Deadline = arrival + ttft_budget_s - prefill_reserve_s. A request still queued after its
+  deadline (now > deadline) is shed, never admitted.
+- The queue holds at most `queue_depth` requests. Above it the arriving request is shed at once;
+  a returning session (with priority on) instead displaces the newest new-session request, which
+  is shed in its place.
+- Every shed carries Retry-After = (requests ahead of it + 1) / fleet drain rate, bounded to
+  [retry_min_s, retry_max_s], as whole seconds (rounded up) and as milliseconds.
+- Whenever capacity may have changed (a release, a cap change, a replica added or removed, an
+  offer), queued requests are routed again in queue order and admitted where their route now has
+  room. Lowering a cap never cancels running requests.
+
+Pure and deterministic: time is the `now` argument of every call, and `now` must not go
+backwards between calls.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Outcome = Literal["admitted", "queued", "shed"]
+ShedReason = Literal["queue_full", "deadline", "displaced"]
+
+RETRY_MIN_S = 1.0
+# openai-python honours retry-after-ms / retry-after only up to 60 s (beyond, it falls back to
+# its own backoff), so a larger figure would be ignored by the main client anyway.
+RETRY_MAX_S = 60.0
+DRAIN_WINDOW_S = 10.0
+
+RETURNING, NEW = 0, 1  # queue classes: lower goes first
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRequest:
+    """What the fleet logic knows about a request: no HTTP, no prompt text.
+
+    prompt_tokens / cached_tokens: the session's previous turn's usage (`prompt_tokens` and
+    `prompt_tokens_details.cached_tokens`), when known; None on a first turn or without usage.
+    """
+
+    request_id: str
+    session_key: str | None
+    arrival: float
+    returning: bool = False
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What happened to one request at `at`.
+
+    admitted: `replica` is where it runs. queued: `replica` is the route's current choice (it
+    may change before admission), `deadline` when it will be shed. shed: `reason`, and the
+    Retry-After as whole seconds (the HTTP header) and milliseconds (`retry-after-ms`).
+    """
+
+    request: FleetRequest
+    outcome: Outcome
+    at: float
+    replica: str | None = None
+    deadline: float | None = None
+    reason: ShedReason | None = None
+    retry_after_s: int | None = None
+    retry_after_ms: int | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.outcome == "admitted"
+
+    @property
+    def queued(self) -> bool:
+        return self.outcome == "queued"
+
+    @property
+    def shed(self) -> bool:
+        return self.outcome == "shed"
+
+
+def retry_after(ahead: int, drain_rps: float, min_s: float = RETRY_MIN_S,
+                max_s: float = RETRY_MAX_S) -> tuple[int, int]:
+    """(seconds, milliseconds) to tell a shed client: (ahead + 1) / drain_rps, bounded to
+    [min_s, max_s] (max_s when nothing has drained), milliseconds rounded up, and seconds the
+    milliseconds rounded up to a whole second (so seconds x 1000 >= milliseconds)."""
+    raw = (ahead + 1) / drain_rps if drain_rps > 0 else max_s
+    bounded = min(max_s, max(min_s, raw))
+    ms = max(1, math.ceil(round(bounded * 1000.0, 6)))
+    return max(1, -(-ms // 1000)), ms
+
+
+class DrainRate:
+    """Completions per second: those observed in the window (now - window_s, now], over
+    window_s. Early in a run (less than a window observed) this reads low, so Retry-After
+    reads long: the safe side."""
+
+    def __init__(self, window_s: float = DRAIN_WINDOW_S) -> None:
+        if window_s <= 0:
+            raise ValueError("the drain window must be positive")
+        self.window_s = window_s
+        self._times: deque[float] = deque()
+
+    def observe(self, now: float) -> None:
+        self._times.append(now)
+        self._prune(now)
+
+    def count(self, now: float) -> int:
+        self._prune(now)
+        return len(self._times)
+
+    def rate(self, now: float) -> float:
+        return self.count(now) / self.window_s
+
+    def _prune(self, now: float) -> None:
+        start = now - self.window_s
+        while self._times and self._times[0] <= start:
+            self._times.popleft()
+
+
+class FleetView(Protocol):
+    """What a route may read about the fleet (AdmissionController provides it)."""
+
+    def replicas(self) -> list[str]: ...
+
+    def cap(self, replica: str) -> int: ...
+
+    def in_flight(self, replica: str) -> int: ...
+
+    def can_admit(self, replica: str) -> bool: ...
+
+    def drain_rate(self, replica: str | None, now: float) -> float: ...
+
+    def queued_ahead(self, replica: str, request: FleetRequest) -> int: ...
+
+
+# Where a request should run now, given the fleet; None when there is no replica to name.
+Route = Callable[[FleetRequest, FleetView, float], "str | None"]
+
+
+@dataclass(slots=True)
+class _Waiting:
+    request: FleetRequest
+    klass: int
+    seq: int
+    deadline: float
+    target: str | None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.klass, self.seq)
+
+
+class AdmissionController:
+    """Caps per replica, one queue, deadlines, shedding. See the module docstring."""
+
+    def __init__(
+        self,
+        caps: Mapping[str, int],
+        queue_depth: int,
+        ttft_budget_s: float,
+        *,
+        route: Route,
+        prefill_reserve_s: float = 0.0,
+        prioritize_returning: bool = True,
+        drain_window_s: float = DRAIN_WINDOW_S,
+        retry_min_s: float = RETRY_MIN_S,
+        retry_max_s: float = RETRY_MAX_S,
+    ) -> None:
+        if queue_depth < 0:
+            raise ValueError("queue_depth must not be negative")
+        if not 0 <= prefill_reserve_s < ttft_budget_s:
+            raise ValueError("need 0 <= prefill_reserve_s < ttft_budget_s")
+        if not 1.0 <= retry_min_s <= retry_max_s:
+            raise ValueError("need 1 <= retry_min_s <= retry_max_s")
+        for replica, cap in caps.items():
+            _check_cap(replica, cap)
+        self.max_queue_depth = queue_depth
+        self.ttft_budget_s = ttft_budget_s
+        self.prefill_reserve_s = prefill_reserve_s
+        self.prioritize_returning = prioritize_returning
+        self.drain_window_s = drain_window_s
+        self.retry_min_s = retry_min_s
+        self.retry_max_s = retry_max_s
+        self._route = route
+        self._caps: dict[str, int] = dict(caps)
+        self._in_flight: dict[str, int] = dict.fromkeys(caps, 0)
+        self._drain: dict[str, DrainRate] = {r: DrainRate(drain_window_s) for r in caps}
+        self._fleet_drain = DrainRate(drain_window_s)
+        self._queue: list[_Waiting] = []
+        self._waiting: dict[str, _Waiting] = {}
+        self._seq = 0
+        self.num_offered = 0
+        self.num_admitted = 0
+        self.num_released = 0
+        self.num_cancelled = 0
+        self.num_shed: dict[ShedReason, int] = {"queue_full": 0, "deadline": 0, "displaced": 0}
+
+    # --- reads (the FleetView) ---------------------------------------------------------------
+    def replicas(self) -> list[str]:
+        """Replicas that take new requests, sorted by name."""
+        return sorted(self._caps)
+
+    def cap(self, replica: str) -> int:
+        return self._caps[replica]
+
+    def in_flight(self, replica: str) -> int:
+        """Requests admitted to `replica` and not yet released (a removed replica keeps its
+        count until its requests finish)."""
+        return self._in_flight.get(replica, 0)
+
+    def can_admit(self, replica: str) -> bool:
+        return replica in self._caps and self.in_flight(replica) < self._caps[replica]
+
+    def drain_rate(self, replica: str | None, now: float) -> float:
+        """Releases per second over the drain window, at one replica or (None) the fleet."""
+        if replica is None:
+            return self._fleet_drain.rate(now)
+        drain = self._drain.get(replica)
+        return 0.0 if drain is None else drain.rate(now)
+
+    def queued_ahead(self, replica: str, request: FleetRequest) -> int:
+        """Queued requests ahead of `request` (queued or about to be) whose route last named
+        `replica`."""
+        key = self._key_of(request)
+        return sum(1 for w in self._queue if w.key < key and w.target == replica)
+
+    def queue_depth(self) -> int:
+        """Requests waiting now."""
+        return len(self._queue)
+
+    def queued_requests(self) -> list[FleetRequest]:
+        """Waiting requests in the order they will be considered."""
+        return [w.request for w in self._queue]
+
+    def deadline(self, request: FleetRequest) -> float:
+        return request.arrival + self.ttft_budget_s - self.prefill_reserve_s
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline in the queue: when a shell should call `expire` next."""
+        return min((w.deadline for w in self._queue), default=None)
+
+    # --- changes ------------------------------------------------------------------------------
+    def offer(self, request: FleetRequest, now: float) -> list[Decision]:
+        """A request arrives. The first decision is about `request`; any others are what the
+        queue did first (expired requests shed, waiting ones admitted)."""
+        if request.request_id in self._waiting:
+            raise ValueError(f"request {request.request_id!r} is already queued")
+        self.num_offered += 1
+        earlier = self._dispatch(now)
+        klass = self._klass(request)
+        deadline = self.deadline(request)
+        ahead = sum(1 for w in self._queue if w.klass <= klass)
+        if now > deadline:
+            return [self._shed(request, "deadline", ahead, now), *earlier]
+        target = self._route(request, self, now)
+        if target is not None and self.can_admit(target):
+            return [self.admit(request, target, now), *earlier]
+        if len(self._queue) < self.max_queue_depth:
+            return [self._enqueue(request, klass, deadline, target, now), *earlier]
+        if klass == RETURNING and self._queue and self._queue[-1].klass == NEW:
+            displaced = self._queue.pop()
+            del self._waiting[displaced.request.request_id]
+            decision = self._enqueue(request, klass, deadline, target, now)
+            shed = self._shed(displaced.request, "displaced", len(self._queue), now)
+            return [decision, shed, *earlier]
+        return [self._shed(request, "queue_full", ahead, now), *earlier]
+
+    def admit(self, request: FleetRequest, replica: str, now: float) -> Decision:
+        """Admit `request` to `replica` (which must have room): what `offer` does when it can."""
+        if not self.can_admit(replica):
+            raise ValueError(f"replica {replica!r} has no room")
+        self._in_flight[replica] += 1
+        self.num_admitted += 1
+        return Decision(request, "admitted", now, replica=replica)
+
+    def release(self, replica: str, now: float) -> list[Decision]:
+        """A request at `replica` finished (or failed): its slot frees, the drain rate counts
+        it, and whoever can go now is admitted, in queue order, expired ones shed."""
+        count = self._in_flight.get(replica, 0)
+        if count == 0:
+            raise ValueError(f"replica {replica!r} has nothing in flight to release")
+        self._in_flight[replica] = count - 1
+        self.num_released += 1
+        self._drain.setdefault(replica, DrainRate(self.drain_window_s)).observe(now)
+        self._fleet_drain.observe(now)
+        self._forget_if_gone(replica)
+        return self._dispatch(now)
+
+    def expire(self, now: float) -> list[Decision]:
+        """Shed every queued request past its deadline (and admit any that can go)."""
+        return self._dispatch(now)
+
+    def cancel(self, request_id: str) -> bool:
+        """The client of a queued request went away: drop it. False if it was not queued."""
+        waiting = self._waiting.pop(request_id, None)
+        if waiting is None:
+            return False
+        self._queue.remove(waiting)
+        self.num_cancelled += 1
+        return True
+
+    def set_cap(self, replica: str, cap: int, now: float) -> list[Decision]:
+        """Hot reload. Lowering a cap cancels nothing: it stops admissions at `replica` until
+        its in-flight count falls under the new cap. Raising one admits waiting requests."""
+        if replica not in self._caps:
+            raise KeyError(replica)
+        _check_cap(replica, cap)
+        self._caps[replica] = cap
+        return self._dispatch(now)
+
+    def add_replica(self, replica: str, cap: int, now: float) -> list[Decision]:
+        if replica in self._caps:
+            raise ValueError(f"replica {replica!r} is already in the fleet")
+        _check_cap(replica, cap)
+        self._caps[replica] = cap
+        self._in_flight.setdefault(replica, 0)
+        self._drain.setdefault(replica, DrainRate(self.drain_window_s))
+        return self._dispatch(now)
+
+    def remove_replica(self, replica: str, now: float) -> list[Decision]:
+        """Stop admitting to `replica`. Its running requests finish (release them as usual);
+        requests waiting for it are routed again."""
+        del self._caps[replica]
+        self._forget_if_gone(replica)
+        return self._dispatch(now)
+
+    # --- internals ----------------------------------------------------------------------------
+    def _klass(self, request: FleetRequest) -> int:
+        return RETURNING if self.prioritize_returning and request.returning else NEW
+
+    def _key_of(self, request: FleetRequest) -> tuple[int, float]:
+        waiting = self._waiting.get(request.request_id)
+        if waiting is not None:
+            return waiting.key
+        return (self._klass(request), math.inf)
+
+    def _enqueue(self, request: FleetRequest, klass: int, deadline: float, target: str | None,
+                 now: float) -> Decision:
+        waiting = _Waiting(request, klass, self._seq, deadline, target)
+        self._seq += 1
+        bisect.insort(self._queue, waiting, key=lambda w: w.key)
+        self._waiting[request.request_id] = waiting
+        return Decision(request, "queued", now, replica=target, deadline=deadline)
+
+    def _shed(self, request: FleetRequest, reason: ShedReason, ahead: int,
+              now: float) -> Decision:
+        seconds, ms = retry_after(ahead, self.drain_rate(None, now), self.retry_min_s,
+                                  self.retry_max_s)
+        self.num_shed[reason] += 1
+        return Decision(request, "shed", now, reason=reason, retry_after_s=seconds,
+                        retry_after_ms=ms)
+
+    def _shed_expired(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        kept: list[_Waiting] = []
+        for waiting in self._queue:
+            if now > waiting.deadline:
+                del self._waiting[waiting.request.request_id]
+                out.append(self._shed(waiting.request, "deadline", len(kept), now))
+            else:
+                kept.append(waiting)
+        self._queue = kept
+        return out
+
+    def _dispatch(self, now: float) -> list[Decision]:
+        """Shed the expired, then admit waiting requests in queue order while their route
+        names a replica with room. Each admission changes the fleet, so the scan restarts."""
+        out = self._shed_expired(now)
+        while self._queue and any(self.can_admit(r) for r in self._caps):
+            for waiting in self._queue:
+                waiting.target = self._route(waiting.request, self, now)
+                if waiting.target is not None and self.can_admit(waiting.target):
+                    self._queue.remove(waiting)
+                    del self._waiting[waiting.request.request_id]
+                    out.append(self.admit(waiting.request, waiting.target, now))
+                    break
+            else:
+                break
+        return out
+
+    def _forget_if_gone(self, replica: str) -> None:
+        if replica not in self._caps and self._in_flight.get(replica, 0) == 0:
+            self._in_flight.pop(replica, None)
+            self._drain.pop(replica, None)
+
+
+def _check_cap(replica: str, cap: int) -> None:
+    if cap < 0:
+        raise ValueError(f"cap of {replica!r} must not be negative")

@@ -1,0 +1,227 @@
+"""Routing: which replica a request should run on now.
+
+- Session key: the `X-Session-ID` header, else the body's `user`, else a fingerprint of the
+  conversation's first turn (system messages + first user message), namespaced so the three
+  sources never collide: "sid:...", "user:...", "fp:...".
+- A session's home is the replica that served its last turn (the session table), while that
+  entry is live and the replica is in the fleet; otherwise the top of its rendezvous
+  (highest-random-weight) order over the fleet.
+- Load bound: a replica is hot when its in-flight count has reached its cap. A session whose
+  home has room goes home. When home is hot, the spill candidate is the first replica with room
+  in the session's rendezvous order, and the session spills there only if the expected wait at
+  home is longer than recomputing its prefix elsewhere:
+
+      wait_s      = (requests queued for home ahead of it + 1) / home's drain rate  (inf if 0)
+      recompute_s = max(0, T(prefix) - T(min(prefix, shared_prefix_tokens)))
+      spill  iff  a candidate exists and wait_s > recompute_s
+
+  T = StepTimeModel.recompute_s; prefix = the last turn's prompt tokens (from usage), else its
+  cached tokens, else 0. With no candidate (the whole fleet at its caps) the session waits for
+  home.
+- Requests without a session go to the least-loaded replica: lowest in-flight / cap (a zero cap
+  counts as full), then fewest in flight, then name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from chatfleet.core.fleet.admission import Decision, FleetRequest, FleetView
+from chatfleet.core.fleet.session import SessionTable
+
+SESSION_HEADER = "x-session-id"
+SYSTEM_ROLES = ("system", "developer")
+
+Rule = Literal["no_replica", "least_loaded", "home", "wait", "spill", "all_full"]
+
+
+# --- session keys ------------------------------------------------------------------------------
+def session_key(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
+    """The request's session: header > user > first-turn fingerprint; None if none applies."""
+    for name, value in headers.items():
+        if name.lower() == SESSION_HEADER and value.strip():
+            return "sid:" + value.strip()
+    user = body.get("user")
+    if isinstance(user, str) and user.strip():
+        return "user:" + user.strip()
+    fingerprint = conversation_fingerprint(body.get("messages"))
+    return None if fingerprint is None else "fp:" + fingerprint
+
+
+def conversation_fingerprint(messages: object) -> str | None:
+    """A stable hash (SHA-256, 32 hex digits) of the system/developer messages before the
+    first user message and that first user message: the same for every later turn of the
+    conversation. None without a user message."""
+    if not isinstance(messages, list):
+        return None
+    system: list[object] = []
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        role = message.get("role")
+        if role in SYSTEM_ROLES:
+            system.append(message.get("content"))
+        elif role == "user":
+            blob = json.dumps([system, message.get("content")], sort_keys=True,
+                              separators=(",", ":"), ensure_ascii=False, default=str)
+            return hashlib.sha256(blob.encode()).hexdigest()[:32]
+    return None
+
+
+def is_returning(body: Mapping[str, Any]) -> bool:
+    """A later turn of a conversation: its messages hold an earlier assistant answer."""
+    messages = body.get("messages")
+    return isinstance(messages, list) and any(
+        isinstance(m, Mapping) and m.get("role") == "assistant" for m in messages)
+
+
+# --- rendezvous hashing ------------------------------------------------------------------------
+def rendezvous_weight(key: str, replica: str) -> int:
+    digest = hashlib.blake2b(f"{key}\x1f{replica}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous_order(key: str, replicas: Iterable[str]) -> list[str]:
+    """Replicas by descending weight for `key` (ties, astronomically rare, by name). Removing
+    a replica leaves the others' relative order unchanged: only its own keys move."""
+    return sorted(replicas, key=lambda r: (-rendezvous_weight(key, r), r))
+
+
+def rendezvous_top(key: str, replicas: Iterable[str]) -> str | None:
+    order = rendezvous_order(key, replicas)
+    return order[0] if order else None
+
+
+# --- placement ---------------------------------------------------------------------------------
+def least_loaded(view: FleetView) -> str | None:
+    """Lowest in-flight / cap (zero cap: full), then fewest in flight, then name."""
+    def load(replica: str) -> tuple[float, int, str]:
+        cap = view.cap(replica)
+        n = view.in_flight(replica)
+        return (n / cap if cap > 0 else math.inf, n, replica)
+
+    return min(view.replicas(), key=load, default=None)
+
+
+def route_least_loaded(request: FleetRequest, view: FleetView, now: float) -> str | None:
+    """A Route that ignores sessions."""
+    return least_loaded(view)
+
+
+class RecomputeModel(Protocol):
+    def recompute_s(self, tokens: int) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouteChoice:
+    """A routing decision and why: `rule` names the branch, `home` the session's home,
+    `wait_s` / `recompute_s` the two costs when they were weighed."""
+
+    replica: str | None
+    rule: Rule
+    home: str | None = None
+    wait_s: float | None = None
+    recompute_s: float | None = None
+
+
+class Router:
+    """Session affinity with a load bound and a recompute-aware spill (module docstring)."""
+
+    def __init__(self, step_time: RecomputeModel, sessions: SessionTable | None = None, *,
+                 shared_prefix_tokens: int = 0) -> None:
+        if shared_prefix_tokens < 0:
+            raise ValueError("shared_prefix_tokens must not be negative")
+        self.step_time = step_time
+        self.sessions = sessions if sessions is not None else SessionTable()
+        self.shared_prefix_tokens = shared_prefix_tokens
+
+    def route(self, request: FleetRequest, view: FleetView, now: float) -> str | None:
+        """The Route for AdmissionController: a pure query, it changes nothing."""
+        return self.choose(request, view, now).replica
+
+    def choose(self, request: FleetRequest, view: FleetView, now: float) -> RouteChoice:
+        replicas = view.replicas()
+        if not replicas:
+            return RouteChoice(None, "no_replica")
+        key = request.session_key
+        if key is None:
+            return RouteChoice(least_loaded(view), "least_loaded")
+        home = self.home(key, replicas, now)
+        if view.can_admit(home):
+            return RouteChoice(home, "home", home)
+        spill = next((r for r in rendezvous_order(key, replicas)
+                      if r != home and view.can_admit(r)), None)
+        if spill is None:
+            return RouteChoice(home, "all_full", home)
+        wait = self.expected_wait_s(request, home, view, now)
+        cost = self.recompute_cost_s(self.prefix_tokens(request, now))
+        if wait > cost:
+            return RouteChoice(spill, "spill", home, wait, cost)
+        return RouteChoice(home, "wait", home, wait, cost)
+
+    def home(self, key: str, replicas: list[str], now: float) -> str:
+        """Where the session's cache is: its last replica while the session table says so and
+        that replica is in the fleet, else its rendezvous top."""
+        entry = self.sessions.get(key, now)
+        if entry is not None and entry.replica in replicas:
+            return entry.replica
+        return rendezvous_order(key, replicas)[0]
+
+    def prefix_tokens(self, request: FleetRequest, now: float) -> int:
+        """Tokens of history the home replica holds: the last turn's prompt tokens, else its
+        cached tokens; from the request, else from the session table; else 0."""
+        for counts in self._counts(request, now):
+            prompt, cached = counts
+            if prompt is not None:
+                return prompt
+            if cached is not None:
+                return cached
+        return 0
+
+    def recompute_cost_s(self, prefix_tokens: int) -> float:
+        """What moving costs: prefilling the prefix beyond the shared prompt every replica
+        already holds (T(prefix) - T(shared), T = StepTimeModel.recompute_s)."""
+        shared = min(prefix_tokens, self.shared_prefix_tokens)
+        if prefix_tokens <= shared:
+            return 0.0
+        cost = self.step_time.recompute_s(prefix_tokens)
+        if shared > 0:
+            cost -= self.step_time.recompute_s(shared)
+        return max(0.0, cost)
+
+    @staticmethod
+    def expected_wait_s(request: FleetRequest, home: str, view: FleetView, now: float) -> float:
+        """(queued for home ahead of the request + 1) / home's drain rate; inf with no drain
+        observed."""
+        rate = view.drain_rate(home, now)
+        if rate <= 0:
+            return math.inf
+        return (view.queued_ahead(home, request) + 1) / rate
+
+    def note(self, decisions: Iterable[Decision], now: float) -> None:
+        """Record in the session table where admitted session requests went (and the token
+        counts they carried). Call with every batch of decisions admission returns."""
+        for decision in decisions:
+            req = decision.request
+            if decision.admitted and decision.replica is not None and req.session_key:
+                self.sessions.place(req.session_key, decision.replica, now, req.prompt_tokens,
+                                    req.cached_tokens)
+
+    def observe_usage(self, key: str, prompt_tokens: int | None, cached_tokens: int | None,
+                      now: float) -> None:
+        """A session's turn finished with this usage: the next turn's prefix is this prompt."""
+        self.sessions.observe_usage(key, prompt_tokens, cached_tokens, now)
+
+    def _counts(self, request: FleetRequest,
+                now: float) -> list[tuple[int | None, int | None]]:
+        counts = [(request.prompt_tokens, request.cached_tokens)]
+        if request.session_key is not None:
+            entry = self.sessions.get(request.session_key, now)
+            if entry is not None:
+                counts.append((entry.prompt_tokens, entry.cached_tokens))
+        return counts

@@ -1,0 +1,105 @@
+"""The session table: where each session last ran, what its last turn's usage said, when it was
+last seen. Pure and `now`-driven: an entry idle for more than `ttl_s` is gone.
+
+The table is what keeps a session where its cache is: after a spill, the session's prefix lives
+on the replica it spilled to, so that replica (not the rendezvous top) is its home from then on.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+DEFAULT_SESSION_TTL_S = 600.0
+
+
+@dataclass(slots=True)
+class SessionEntry:
+    replica: str
+    last_seen: float
+    prompt_tokens: int | None = None  # the last turn's usage.prompt_tokens
+    cached_tokens: int | None = None  # the last turn's usage.prompt_tokens_details.cached_tokens
+
+
+class SessionTable:
+    """Session key -> SessionEntry, with a TTL on idleness and an optional size bound.
+
+    Entries are kept in last-seen order, so expiry and the size bound drop the stalest first.
+    `now` must not go backwards between calls (both clocks that drive the core are monotonic).
+    """
+
+    def __init__(self, ttl_s: float = DEFAULT_SESSION_TTL_S,
+                 max_sessions: int | None = None) -> None:
+        if ttl_s <= 0:
+            raise ValueError("the session TTL must be positive")
+        if max_sessions is not None and max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        self.ttl_s = ttl_s
+        self.max_sessions = max_sessions
+        self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
+        self.num_expired = 0
+        self.num_evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def is_live(self, entry: SessionEntry, now: float) -> bool:
+        return now - entry.last_seen <= self.ttl_s
+
+    def get(self, key: str, now: float) -> SessionEntry | None:
+        """The session's entry, or None when it is unknown or has been idle past the TTL."""
+        entry = self._entries.get(key)
+        if entry is None or not self.is_live(entry, now):
+            return None
+        return entry
+
+    def place(self, key: str, replica: str, now: float, prompt_tokens: int | None = None,
+              cached_tokens: int | None = None) -> None:
+        """The session's request was admitted to `replica` at `now`. Token counts, when given,
+        replace the stored ones; when not, the stored ones stay."""
+        entry = self.get(key, now)
+        if entry is None:
+            entry = SessionEntry(replica, now, prompt_tokens, cached_tokens)
+        else:
+            entry.replica = replica
+            entry.last_seen = now
+            if prompt_tokens is not None:
+                entry.prompt_tokens = prompt_tokens
+            if cached_tokens is not None:
+                entry.cached_tokens = cached_tokens
+        self._touch(key, entry, now)
+
+    def observe_usage(self, key: str, prompt_tokens: int | None, cached_tokens: int | None,
+                      now: float) -> None:
+        """A turn of the session finished with this usage. Unknown sessions are ignored (the
+        placement comes first, with `place`)."""
+        entry = self.get(key, now)
+        if entry is None:
+            return
+        entry.last_seen = now
+        if prompt_tokens is not None:
+            entry.prompt_tokens = prompt_tokens
+        if cached_tokens is not None:
+            entry.cached_tokens = cached_tokens
+        self._touch(key, entry, now)
+
+    def expire(self, now: float) -> int:
+        """Drop every entry idle past the TTL; returns how many were dropped."""
+        dropped = 0
+        while self._entries:
+            key, entry = next(iter(self._entries.items()))
+            if self.is_live(entry, now):
+                break
+            del self._entries[key]
+            dropped += 1
+        self.num_expired += dropped
+        return dropped
+
+    def _touch(self, key: str, entry: SessionEntry, now: float) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        self.expire(now)
+        if self.max_sessions is not None:
+            while len(self._entries) > self.max_sessions:
+                self._entries.popitem(last=False)
+                self.num_evicted += 1
