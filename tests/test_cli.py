@@ -147,3 +147,15 @@ def test_twin_sweep_takes_a_user_length_file(tmp_path: Path) -> None:
                     "--concurrency", "2", "--duration", "30", "--warmup", "0", "--print-json")
     assert code == 0, out
     assert json.loads(out)["workload"]["lengths"]["num_pairs"] == 2
+
+
+def test_twin_sweep_as_a_fleet_behind_the_gateway_core() -> None:
+    code, out = run("twin", "sweep", "--weights", "fp8", "--kv-cache", "fp8", "--replicas", "2",
+                    "--cap", "8", "--queue-depth", "8", "--concurrency", "8,48",
+                    "--duration", "60", "--warmup", "5", "--print-json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["target"]["fleet"]["cap"] == 8
+    assert [p["fleet"]["max_in_flight"] for p in doc["points"]][-1] == [8, 8]
+    assert doc["points"][-1]["requests"]["shed"] > 0
+    assert doc["recommended_cap"] is not None and doc["recommended_cap"] <= 8

@@ -119,11 +119,18 @@ def fmt(value: Any, spec: str) -> str:
 def sweep_table(doc: dict[str, Any], title: str) -> Table:
     t = Table(title=title,
               caption="times in ms; * thin: fewer than 200 requests behind the percentiles")
-    for col in ("load", "attain", "goodput/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
-                "TPOT p99", "ITL p99", "running", "queue", "usage"):
+    gated = any("fleet" in p or p["requests"].get("shed") for p in doc["points"])
+    cols = ["load", "attain", "goodput/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+            "TPOT p99", "ITL p99", "running", "queue", "usage"]
+    if gated:  # a gateway in front: what it shed, and what the admitted users saw
+        cols[2:2] = ["admitted attain", "shed"]
+    for col in cols:
         t.add_column(col, justify="right")
     for p in doc["points"]:
-        t.add_row(*point_row(p))
+        row = point_row(p)
+        if gated:
+            row[2:2] = [fmt(p.get("admitted_attainment"), ".3f"), str(p["requests"]["shed"])]
+        t.add_row(*row)
     return t
 
 
@@ -239,6 +246,13 @@ def sweep(
     cap_margin: int = typer.Option(0, help="Lower the recommended cap by this many grid steps."),
     profile: Path | None = typer.Option(None, help="A calibration profile from `chatfleet "
                                         "twin calibrate` (replaces the built-in constants)."),
+    replicas: int = typer.Option(1, help="Replicas behind the gateway's admission and routing "
+                                 "(with --cap): the load is the whole fleet's."),
+    cap: int | None = typer.Option(None, help="Gateway cap on requests in flight per replica: "
+                                   "runs the fleet (admission, queue, sheds, routing)."),
+    queue_depth: int = typer.Option(64, help="Gateway queue depth (with --cap)."),
+    affinity: bool = typer.Option(True, "--affinity/--no-affinity", help="Sessions to their "
+                                  "replica (rendezvous + spill rule), or least-loaded."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the chatfleet.sweep/1 "
                                          "document here (rewritten after every point)."),
     print_doc: bool = typer.Option(False, "--print-json", help="Print the document on stdout."),
@@ -270,9 +284,23 @@ def sweep(
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task(title, total=len(loads))
+            fleet = None
+            if cap is not None or replicas > 1:
+                from chatfleet.twin.fleet import FleetConfig
+
+                fleet = FleetConfig(replicas=replicas, cap=cap or spec.pool_plan().kv_pool_tokens,
+                                    queue_depth=queue_depth, ttft_budget_s=slo.ttft_ms / 1000,
+                                    affinity=affinity)
+                target["fleet"] = fleet.to_json()
             for i, load in enumerate(loads):
-                res = run_point(spec, wcfg, load, duration_s=duration, warmup_s=warmup,
-                                seed=seed + i, slo=slo)
+                if fleet is not None:
+                    from chatfleet.twin.fleet import run_fleet_point
+
+                    res = run_fleet_point(spec, wcfg, load, fleet, duration_s=duration,
+                                          warmup_s=warmup, seed=seed + i, slo=slo)
+                else:
+                    res = run_point(spec, wcfg, load, duration_s=duration, warmup_s=warmup,
+                                    seed=seed + i, slo=slo)
                 points.append(res.point)
                 doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
                 if json_out is not None:

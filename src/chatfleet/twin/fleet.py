@@ -1,0 +1,253 @@
+"""The twin as a fleet: several replicas behind the gateway's own admission and routing code
+(`core/fleet`), in virtual time.
+
+Every request is offered to the `AdmissionController` exactly as the live gateway offers it:
+admitted requests go to the engine model of the replica the `Router` chose; queued ones wait in
+the one queue; shed ones get a Retry-After. A shed closed-loop user waits its Retry-After and
+tries again (a new attempt, recorded separately); a shed open-loop session ends. Completions
+release their replica's slot, which admits from the queue; deadlines are checked when the
+controller says the next one falls. The router learns each session's token counts from its
+turns' usage (prompt and cached tokens), as the gateway does, never by tokenizing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.fleet.admission import AdmissionController, Decision, FleetRequest
+from chatfleet.core.fleet.routing import Router, route_least_loaded
+from chatfleet.core.fleet.session import SessionTable
+from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.records import RequestRecord
+from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec, Workload, WorkloadConfig
+from chatfleet.twin.loop import Event, EventLoop
+from chatfleet.twin.run import PointRun, engine_block, gpu_block
+
+MAX_RETRIES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    replicas: int
+    cap: int
+    queue_depth: int = 64
+    ttft_budget_s: float = 1.0
+    affinity: bool = True  # sessions to their replica (rendezvous + spill rule); else least-loaded
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.cap < 1 or self.queue_depth < 0:
+            raise ValueError("a fleet needs at least 1 replica, a cap of at least 1 and a "
+                             "queue depth of at least 0")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class _Attempt:
+    spec: RequestSpec
+    attempt: int
+    replica: int | None = None
+    req: EngineRequest | None = None
+
+
+@dataclass(slots=True)
+class _FleetRun:
+    scheds: list[Scheduler]
+    names: list[str]
+    loop: EventLoop
+    driver: ClosedLoop | OpenLoop
+    ac: AdmissionController
+    router: Router | None
+    window_end: float
+    horizon: float
+    step_gen: list[int]
+    attempts: dict[str, _Attempt] = field(default_factory=dict)
+    records: list[RequestRecord] = field(default_factory=list)
+    last_prompt: dict[str, tuple[int, int]] = field(default_factory=dict)
+    expire_at: float | None = None
+    max_in_flight: list[int] = field(default_factory=list)
+
+    # --- arrivals and decisions -----------------------------------------------------------
+    def arrive(self, att: _Attempt, now: float) -> Iterable[Event]:
+        spec = att.spec
+        rid = spec.request_id if att.attempt == 0 else f"{spec.request_id}#{att.attempt}"
+        self.attempts[rid] = att
+        prev = self.last_prompt.get(spec.session_id)
+        req = FleetRequest(rid, f"sid:{spec.session_id}", now, returning=spec.turn > 0,
+                           prompt_tokens=prev[0] if prev else None,
+                           cached_tokens=prev[1] if prev else None)
+        return self.handle(self.ac.offer(req, now), now)
+
+    def open_arrival(self, spec: RequestSpec, now: float) -> Iterable[Event]:
+        assert isinstance(self.driver, OpenLoop)
+        out = list(self.arrive(_Attempt(spec, 0), now))
+        nxt = self.driver.next_arrival(now)
+        if nxt.scheduled_time < self.window_end:
+            out.append(self.loop.at(nxt.scheduled_time, self.open_arrival, nxt))
+        return out
+
+    def handle(self, decisions: list[Decision], now: float) -> list[Event]:
+        if self.router is not None:
+            self.router.note(decisions, now)
+        out: list[Event] = []
+        for d in decisions:
+            att = self.attempts.get(d.request.request_id)
+            if att is None:
+                continue
+            if d.admitted and d.replica is not None:
+                out.extend(self.start(d.request.request_id, att, self.names.index(d.replica),
+                                      now))
+            elif d.shed:
+                out.extend(self.shed(d, att, now))
+        nxt = self.ac.next_deadline()
+        if nxt is not None and (self.expire_at is None or nxt < self.expire_at
+                                or self.expire_at <= now):
+            self.expire_at = max(nxt, now)
+            out.append(self.loop.at(self.expire_at + 1e-9, self.expire, None))
+        return out
+
+    def expire(self, _: object, now: float) -> Iterable[Event]:
+        self.expire_at = None
+        return self.handle(self.ac.expire(now), now)
+
+    def start(self, rid: str, att: _Attempt, i: int, now: float) -> list[Event]:
+        spec = att.spec
+        req = EngineRequest(rid, spec.prompt_ids(), spec.output_ids(), spec.max_new_tokens)
+        att.replica, att.req = i, req
+        sched = self.scheds[i]
+        sched.add_request(req, now)
+        inflight = self.ac.in_flight(self.names[i])
+        self.max_in_flight[i] = max(self.max_in_flight[i], inflight)
+        if sched.in_flight is not None:
+            new_end = sched.truncate_decode_run(now)
+            if new_end is None:
+                return []
+            self.step_gen[i] += 1
+            return [self.loop.at(new_end, self.step_end, (i, self.step_gen[i]))]
+        return self.kick(i, now)
+
+    def shed(self, d: Decision, att: _Attempt, now: float) -> list[Event]:
+        rid = d.request.request_id
+        self.attempts.pop(rid, None)
+        spec = att.spec
+        self.records.append(RequestRecord(
+            request_id=rid, session_id=spec.session_id, turn=spec.turn, replica=None,
+            scheduled_time=d.request.arrival, send_time=d.request.arrival,
+            prompt_tokens=spec.prompt_len, outcome="shed",
+            error=f"429 ({d.reason}), retry-after {d.retry_after_s} s"))
+        if isinstance(self.driver, ClosedLoop) and att.attempt < MAX_RETRIES:
+            retry_at = now + float(d.retry_after_s or 1)
+            if retry_at < self.window_end:
+                return [self.loop.at(retry_at, self.arrive, _Attempt(spec, att.attempt + 1))]
+            return []
+        return []
+
+    # --- engine steps -----------------------------------------------------------------------
+    def kick(self, i: int, now: float) -> list[Event]:
+        sched = self.scheds[i]
+        if sched.in_flight is not None or not sched.has_work():
+            return []
+        step = sched.schedule(now, horizon=self.horizon)
+        if step is None:
+            return []
+        self.step_gen[i] += 1
+        return [self.loop.at(step.end, self.step_end, (i, self.step_gen[i]))]
+
+    def step_end(self, key: tuple[int, int], now: float) -> Iterable[Event]:
+        i, gen = key
+        if gen != self.step_gen[i]:
+            return []
+        res = self.scheds[i].complete(now)
+        out: list[Event] = []
+        for req in res.finished:
+            att = self.attempts.pop(req.rid)
+            spec = att.spec
+            self.records.append(self.record(att, req))
+            self.last_prompt[spec.session_id] = (req.prompt_len, req.num_cached_tokens)
+            if self.router is not None:
+                self.router.observe_usage(f"sid:{spec.session_id}", req.prompt_len,
+                                          req.num_cached_tokens, now)
+            out.extend(self.handle(self.ac.release(self.names[i], now), now))
+            nxt = self.driver.on_done(spec, now)
+            if nxt is not None and nxt.scheduled_time < self.window_end:
+                out.append(self.loop.at(nxt.scheduled_time, self.arrive, _Attempt(nxt, 0)))
+        out.extend(self.kick(i, now))
+        return out
+
+    def record(self, att: _Attempt, req: EngineRequest, outcome: str = "ok") -> RequestRecord:
+        assert att.replica is not None
+        times = self.scheds[att.replica].token_times(req)
+        spec = att.spec
+        return RequestRecord(
+            request_id=req.rid, session_id=spec.session_id, turn=spec.turn,
+            replica=self.names[att.replica], scheduled_time=req.arrival_time,
+            send_time=req.arrival_time, first_token_time=req.first_token_time,
+            token_times=times, prompt_tokens=req.prompt_len,
+            cached_tokens=req.num_cached_tokens, output_tokens=len(times),
+            outcome=outcome,  # type: ignore[arg-type]
+            error=None if outcome == "ok" else "not finished when the drain limit ran out")
+
+
+def run_fleet_point(
+    spec: EngineSpec,
+    wcfg: WorkloadConfig,
+    load: dict[str, Any],
+    fleet: FleetConfig,
+    *,
+    duration_s: float = 300.0,
+    warmup_s: float = 30.0,
+    seed: int = 1,
+    drain_s: float = 600.0,
+    slo: SLO | None = None,
+) -> PointRun:
+    """One load point through `fleet.replicas` engines behind the gateway's admission and
+    routing. TTFT counts from the request's arrival at the gateway (queueing included)."""
+    slo = slo or SLO()
+    scheds = [build_scheduler(spec) for _ in range(fleet.replicas)]
+    names = [f"twin-{i}" for i in range(fleet.replicas)]
+    router = None
+    if fleet.affinity:
+        router = Router(scheds[0].step_model, SessionTable(),
+                        shared_prefix_tokens=wcfg.system_prompt_tokens)
+        route = router.route
+    else:
+        route = route_least_loaded
+    ac = AdmissionController({n: fleet.cap for n in names}, fleet.queue_depth,
+                             fleet.ttft_budget_s, route=route)
+    workload = Workload(wcfg, random.Random(seed))
+    driver: ClosedLoop | OpenLoop
+    if load["mode"] == "closed":
+        driver = ClosedLoop(workload, int(load["concurrency"]))
+    else:
+        driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)))
+    loop = EventLoop()
+    window_end = warmup_s + duration_s
+    run = _FleetRun(scheds, names, loop, driver, ac, router, window_end,
+                    window_end + drain_s, [0] * fleet.replicas,
+                    max_in_flight=[0] * fleet.replicas)
+    if isinstance(driver, ClosedLoop):
+        loop.push(loop.at(s.scheduled_time, run.arrive, _Attempt(s, 0)) for s in driver.start())
+    else:
+        first = driver.next_arrival(0.0)
+        loop.push([loop.at(first.scheduled_time, run.open_arrival, first)])
+    loop.run(until=window_end + drain_s)
+    for att in list(run.attempts.values()):
+        if att.req is not None:
+            run.records.append(run.record(att, att.req, "timeout"))
+    point = summarize_point(
+        run.records, load=dict(load), window=(warmup_s, window_end), slo=slo,
+        mode=load["mode"], seed=seed, flushed=True,
+        engine=engine_block(scheds, warmup_s, window_end),
+        gpu=gpu_block(spec, scheds, warmup_s, window_end),
+        client={"send_lag_ms_p99": 0.0, "loop_lag_ms_p99": 0.0})
+    point["fleet"] = {**fleet.to_json(), "max_in_flight": run.max_in_flight,
+                      "shed": dict(ac.num_shed), "admitted": ac.num_admitted}
+    return PointRun(point, run.records, scheds[0], loop.num_events)
