@@ -28,7 +28,7 @@ from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec, Workload, WorkloadConfig
 from chatfleet.twin.loop import Event, EventLoop
-from chatfleet.twin.run import PointRun, engine_block, gpu_block
+from chatfleet.twin.run import PointRun, engine_block, gpu_block, kick, make_record
 
 MAX_RETRIES = 20
 
@@ -56,6 +56,7 @@ class _Attempt:
     attempt: int
     replica: int | None = None
     req: EngineRequest | None = None
+    offered: float = 0.0  # when the gateway got it
 
 
 @dataclass(slots=True)
@@ -80,6 +81,7 @@ class _FleetRun:
         spec = att.spec
         rid = spec.request_id if att.attempt == 0 else f"{spec.request_id}#{att.attempt}"
         self.attempts[rid] = att
+        att.offered = now
         prev = self.last_prompt.get(spec.session_id)
         req = FleetRequest(rid, f"sid:{spec.session_id}", now, returning=spec.turn > 0,
                            prompt_tokens=prev[0] if prev else None,
@@ -152,14 +154,7 @@ class _FleetRun:
 
     # --- engine steps -----------------------------------------------------------------------
     def kick(self, i: int, now: float) -> list[Event]:
-        sched = self.scheds[i]
-        if sched.in_flight is not None or not sched.has_work():
-            return []
-        step = sched.schedule(now, horizon=self.horizon)
-        if step is None:
-            return []
-        self.step_gen[i] += 1
-        return [self.loop.at(step.end, self.step_end, (i, self.step_gen[i]))]
+        return kick(self.loop, self.scheds, self.step_gen, i, now, self.horizon, self.step_end)
 
     def step_end(self, key: tuple[int, int], now: float) -> Iterable[Event]:
         i, gen = key
@@ -183,17 +178,10 @@ class _FleetRun:
         return out
 
     def record(self, att: _Attempt, req: EngineRequest, outcome: str = "ok") -> RequestRecord:
+        """TTFT counts from the arrival at the gateway (the attempt's offer)."""
         assert att.replica is not None
-        times = self.scheds[att.replica].token_times(req)
-        spec = att.spec
-        return RequestRecord(
-            request_id=req.rid, session_id=spec.session_id, turn=spec.turn,
-            replica=self.names[att.replica], scheduled_time=req.arrival_time,
-            send_time=req.arrival_time, first_token_time=req.first_token_time,
-            token_times=times, prompt_tokens=req.prompt_len,
-            cached_tokens=req.num_cached_tokens, output_tokens=len(times),
-            outcome=outcome,  # type: ignore[arg-type]
-            error=None if outcome == "ok" else "not finished when the drain limit ran out")
+        return make_record(self.scheds[att.replica], self.names[att.replica], att.spec, req,
+                           req.rid, att.offered, outcome)
 
 
 def run_fleet_point(

@@ -99,33 +99,48 @@ class _Run:
         return out
 
     def _kick(self, i: int, now: float) -> list[Event]:
-        sched = self.scheds[i]
-        if sched.in_flight is not None or not sched.has_work():
-            return []
-        step = sched.schedule(now, horizon=self.horizon)
-        if step is None:
-            return []
-        self.step_gen[i] += 1
-        return [self.loop.at(step.end, self.step_end, (i, self.step_gen[i]))]
+        return kick(self.loop, self.scheds, self.step_gen, i, now, self.horizon, self.step_end)
 
     def _record(self, i: int, spec: RequestSpec, req: EngineRequest,
                 outcome: str) -> RequestRecord:
-        times = self.scheds[i].token_times(req)
-        return RequestRecord(
-            request_id=spec.request_id,
-            session_id=spec.session_id,
-            turn=spec.turn,
-            replica=f"twin-{i}",
-            scheduled_time=spec.scheduled_time,
-            send_time=spec.scheduled_time,
-            first_token_time=req.first_token_time,
-            token_times=times,
-            prompt_tokens=req.prompt_len,
-            cached_tokens=req.num_cached_tokens,  # host-tier hits included
-            output_tokens=len(times),
-            outcome=outcome,  # type: ignore[arg-type]
-            error=None if outcome == "ok" else "not finished when the drain limit ran out",
-        )
+        return make_record(self.scheds[i], f"twin-{i}", spec, req, spec.request_id,
+                           spec.scheduled_time, outcome)
+
+
+def kick(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int, now: float,
+         horizon: float, step_end: Callable[[tuple[int, int], float], Iterable[Event]],
+         ) -> list[Event]:
+    """Start replica i's next step if it is idle with work; its end event carries a fresh
+    generation number, so an end made stale by a cut decode run is skipped."""
+    sched = scheds[i]
+    if sched.in_flight is not None or not sched.has_work():
+        return []
+    step = sched.schedule(now, horizon=horizon)
+    if step is None:
+        return []
+    step_gen[i] += 1
+    return [loop.at(step.end, step_end, (i, step_gen[i]))]
+
+
+def make_record(sched: Scheduler, replica: str, spec: RequestSpec, req: EngineRequest,
+                request_id: str, arrived: float, outcome: str) -> RequestRecord:
+    """The record of a request the engine model served (token times from its step log)."""
+    times = sched.token_times(req)
+    return RequestRecord(
+        request_id=request_id,
+        session_id=spec.session_id,
+        turn=spec.turn,
+        replica=replica,
+        scheduled_time=arrived,
+        send_time=arrived,
+        first_token_time=req.first_token_time,
+        token_times=times,
+        prompt_tokens=req.prompt_len,
+        cached_tokens=req.num_cached_tokens,  # host-tier hits included
+        output_tokens=len(times),
+        outcome=outcome,  # type: ignore[arg-type]
+        error=None if outcome == "ok" else "not finished when the drain limit ran out",
+    )
 
 
 def run_point(
