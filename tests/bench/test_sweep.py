@@ -32,7 +32,10 @@ def config(urls: list[str], out: Path, loads: list[dict[str, Any]], **kw: Any) -
     base: dict[str, Any] = {"targets": urls, "engine": "simserver", "model": "qwen3-8b",
                             "loads": loads, "wcfg": SMALL, "out": out, "duration_s": 20.0,
                             "warmup_s": 2.0, "drain_s": 60.0, "api": "completions-ids",
-                            "telemetry": "simserver"}
+                            "telemetry": "simserver",
+                            # these tests are not about the client's own lag: a loaded CI
+                            # machine must not turn their runs invalid
+                            "max_loop_lag_ms": 100.0, "max_send_lag_ms": 200.0}
     base.update(kw)
     return LiveSweepConfig(**base)
 
