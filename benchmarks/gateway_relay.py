@@ -4,12 +4,13 @@ Usage:
     .venv/bin/python benchmarks/gateway_relay.py [--streams 32,256] [--reps 3] [--measure-s 8]
         [--impls aiohttp-uvloop,raw-uvloop,...] [--starlette-python PYTHON]
         [--peer-litellm PYTHON] [--peer-router BIN] [--profile DIR] [--json FILE]
+        [--quickack] [--fresh-connections]
 
 Every piece is a separate process started from this one file, all bound to 127.0.0.1:
 
 - `engine`: a fake OpenAI engine (raw asyncio protocol on uvloop). POST /v1/chat/completions
   (or /v1/completions, /generate) with any JSON body streams --chunks SSE chunks shaped like
-  SGLang's (about 270 bytes), the first --first-ms after the request, then one every
+  SGLang's (about 300 bytes), the first --first-ms after the request, then one every
   --interval-ms on a fixed per-stream schedule, then `data: [DONE]`; HTTP/1.1 keep-alive,
   chunked transfer encoding, one HTTP chunk per SSE event. A body without `"stream": true`
   gets one JSON completion. GET /health, /v1/models, /get_model_info, /get_server_info (any
@@ -22,7 +23,8 @@ Every piece is a separate process started from this one file, all bound to 127.0
     aiohttp          aiohttp web server + aiohttp client (iter_any, re-framed by aiohttp)
     aiohttp-pass     aiohttp web server (request parsing, routing, response head) + the raw
                      upstream protocol below, whose chunk frames go to the client's transport
-                     verbatim from data_received (no aiohttp writer or reader per chunk)
+                     verbatim from data_received (no aiohttp writer or reader per chunk);
+                     a closing client transport aborts the upstream request at the next chunk
     raw              hand-written asyncio.Protocol server + hand-written upstream protocol with
                      a keep-alive pool; the upstream's chunked body is passed through verbatim
                      (framing scanned by length to find the end, never copied or decoded)
@@ -42,7 +44,12 @@ Every piece is a separate process started from this one file, all bound to 127.0
   The window starts --warmup-s after the ramp and lasts --measure-s; then sending stops and
   what is in flight may finish for --drain-s (bounded), then every connection is closed.
   At both window edges the client reads utime+stime of the target's process tree and of the
-  engine from /proc/PID/stat and the machine's busy time from /proc/stat.
+  engine from /proc/PID/stat and the machine's busy time from /proc/stat. Every request
+  carries `Authorization: Bearer <a random sk- key>` (LiteLLM's master key; others ignore it).
+  --quickack makes the client ACK every read at once (TCP_QUICKACK): a target that writes
+  without TCP_NODELAY stalls its first chunk behind the ACK of its response head, which a
+  client with Linux's default delayed ACKs (the default here, and what SDK clients do) holds
+  for up to about 40 ms. --fresh-connections opens a new connection per request.
 - peers: LiteLLM's proxy (`--peer-litellm PYTHON`: a venv with litellm[proxy]; one worker,
   a model `openai/qwen3-8b` whose api_base is the engine) and SGLang's router
   (`--peer-router BIN`: the `sglang-router` entry point of a venv with sglang-router; its router
@@ -56,15 +63,18 @@ the target's CPU seconds over the window per 1,000 chunks received, the cores it
 engine's cores, the client's event-loop lag p99 and the cores used by every other process.
 The direct run (the client against the engine) is a target like the others. Each repetition
 runs every target once, in an order rotated per repetition; added TTFT = the target's
-percentile minus the direct run's of the same repetition. The table gives the medians over
-repetitions (and the spread of the added median TTFT).
+percentile minus the direct run's of the same repetition. Every target but the one being
+measured is stopped (SIGSTOP) during a run, so that an idle peer's background work is not
+counted as noise. The table gives the medians over repetitions (and the spread of the added
+median TTFT).
 
 Before the load, each target is checked once: a full stream must relay 64 chunks and [DONE],
 and 4 streams dropped by the client after 3 chunks must show up as aborted at the engine
 within 2 s (disconnect propagation).
 
 --profile DIR reruns each Python relay for one window at the largest stream count under
-cProfile (slower: not for the reported figures) and writes where its time goes.
+cProfile with a CPU-time clock (slower: not for the reported figures) and reports the shares
+of its CPU time by package and its top functions; --reps 0 --profile DIR profiles only.
 
 This machine has 2 cores, shared by the engine, the target and the client (and whatever else
 runs): figures are noisy and only comparable inside one run of this script.
@@ -391,10 +401,17 @@ class PassSink:
             self.head.set_result((status, length))
 
     def write(self, data: bytes) -> None:
-        if self.started:
-            self.real.write(data)
-        else:
+        if not self.started:
             self.early.append(data)
+        elif self.real.is_closing():  # the client is gone: drop the upstream request now
+            self.abort()
+            up = self.up
+            if up is not None:
+                up.down = None
+                up.closed = True
+                up.t.abort()
+        else:
+            self.real.write(data)
 
     def start(self) -> None:
         self.started = True

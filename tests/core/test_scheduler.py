@@ -749,9 +749,11 @@ def test_decode_runs_give_what_single_steps_give(seed: int, pool: int, n: int, c
     drive_with_horizon(runs, a2)
     for (_, x), (_, y) in zip(a1, a2, strict=True):
         assert y.state == "finished"
-        assert y.first_token_time == pytest.approx(x.first_token_time, abs=1e-9)
-        assert y.finish_time == pytest.approx(x.finish_time, abs=1e-9)
-        assert runs.token_times(y) == pytest.approx(single.token_times(x), abs=1e-9)
+        # a run sums its step times in one expression, single steps across calls: the float
+        # rounding can differ by a few nanoseconds over hundreds of steps (seen: 1.7e-9 s)
+        assert y.first_token_time == pytest.approx(x.first_token_time, abs=1e-6)
+        assert y.finish_time == pytest.approx(x.finish_time, abs=1e-6)
+        assert runs.token_times(y) == pytest.approx(single.token_times(x), abs=1e-6)
     assert runs.num_retractions == single.num_retractions
     assert runs.num_decode_steps == single.num_decode_steps
 
