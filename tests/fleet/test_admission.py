@@ -180,7 +180,7 @@ def test_a_request_past_its_deadline_is_shed_never_admitted() -> None:
     assert ac.expire(1.2) == []  # at the deadline it may still go
     shed = ac.expire(1.3)
     assert only(shed, "shed") == ["late"]
-    assert shed[0].reason == "deadline" and shed[0].retry_after_s == 60  # nothing drained yet
+    assert shed[0].reason == "deadline" and shed[0].retry_after_s == 1  # nothing drained yet
     assert ac.release("a", 1.5) == []
 
 
@@ -221,7 +221,7 @@ def test_bad_budget_settings_are_refused() -> None:
     (3, 3.0, (2, 1334)),  # 4 / 3 = 1.333.. s: ms rounded up, seconds rounded up
     (0, 10.0, (1, 1000)),  # 0.1 s: the 1 s floor
     (500, 2.0, (60, 60000)),  # 250.5 s: the 60 s ceiling
-    (3, 0.0, (60, 60000)),  # nothing drained: the ceiling
+    (3, 0.0, (1, 1000)),  # nothing drained: the floor (ask again soon)
 ])
 def test_retry_after_hand_cases(ahead: int, rate: float, expected: tuple[int, int]) -> None:
     assert retry_after(ahead, rate) == expected

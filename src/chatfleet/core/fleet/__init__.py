@@ -1,6 +1,7 @@
 """Fleet logic shared by the live gateway and the twin: admission (caps, one queue, deadlines,
 shedding with Retry-After) and routing (session keys, rendezvous affinity with a load bound,
-recompute-aware spill). No HTTP here: a request is a `FleetRequest`. See docs/fleet-core.md."""
+recompute-aware spill), replica health (eject, readmit) and the shared prompt (canonical
+prefix, byte-identical). No HTTP here: a request is a `FleetRequest`. See docs/fleet-core.md."""
 
 from chatfleet.core.fleet.admission import (
     AdmissionController,
@@ -11,6 +12,8 @@ from chatfleet.core.fleet.admission import (
     Route,
     retry_after,
 )
+from chatfleet.core.fleet.health import ReplicaHealth
+from chatfleet.core.fleet.prompt import PrefixCheck, PrefixReport, SharedPrompt, canonicalize
 from chatfleet.core.fleet.routing import (
     RouteChoice,
     Router,
@@ -31,11 +34,16 @@ __all__ = [
     "DrainRate",
     "FleetRequest",
     "FleetView",
+    "PrefixCheck",
+    "PrefixReport",
+    "ReplicaHealth",
     "Route",
     "RouteChoice",
     "Router",
     "SessionEntry",
     "SessionTable",
+    "SharedPrompt",
+    "canonicalize",
     "conversation_fingerprint",
     "is_returning",
     "least_loaded",

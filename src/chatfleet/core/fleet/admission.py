@@ -12,7 +12,8 @@ Rules (docs/fleet-core.md states them with examples):
   a returning session (with priority on) instead displaces the newest new-session request, which
   is shed in its place.
 - Every shed carries Retry-After = (requests ahead of it + 1) / fleet drain rate, bounded to
-  [retry_min_s, retry_max_s], as whole seconds (rounded up) and as milliseconds.
+  [retry_min_s, retry_max_s], as whole seconds (rounded up) and as milliseconds; retry_min_s
+  while nothing has drained in the window.
 - Whenever capacity may have changed (a release, a cap change, a replica added or removed, an
   offer), queued requests are routed again in queue order and admitted where their route now has
   room. Lowering a cap never cancels running requests.
@@ -92,9 +93,14 @@ class Decision:
 def retry_after(ahead: int, drain_rps: float, min_s: float = RETRY_MIN_S,
                 max_s: float = RETRY_MAX_S) -> tuple[int, int]:
     """(seconds, milliseconds) to tell a shed client: (ahead + 1) / drain_rps, bounded to
-    [min_s, max_s] (max_s when nothing has drained), milliseconds rounded up, and seconds the
-    milliseconds rounded up to a whole second (so seconds x 1000 >= milliseconds)."""
-    raw = (ahead + 1) / drain_rps if drain_rps > 0 else max_s
+    [min_s, max_s], milliseconds rounded up, and seconds the milliseconds rounded up to a whole
+    second (so seconds x 1000 >= milliseconds).
+
+    When nothing has drained in the window there is no rate to divide by: the answer is the
+    floor, min_s, so that the client asks again as soon as the gateway may know more. (The
+    ceiling was tried first: on a cold start every user of the first burst was told 60 s,
+    measured in the gateway's parity run, docs/gateway.md.)"""
+    raw = (ahead + 1) / drain_rps if drain_rps > 0 else min_s
     bounded = min(max_s, max(min_s, raw))
     ms = max(1, math.ceil(round(bounded * 1000.0, 6)))
     return max(1, -(-ms // 1000)), ms

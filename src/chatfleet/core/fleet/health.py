@@ -1,0 +1,56 @@
+"""Replica health: when to eject a replica and when to bring it back.
+
+Rules:
+- Every outcome is reported: a probe's or a request's success, or a failure (refused or reset
+  connection, a 5xx, a timeout, a stream cut).
+- A serving replica is ejected after `eject_after_failures` consecutive failures; a success
+  resets the count.
+- An ejected replica is only probed (no requests reach it). It returns after
+  `readmit_after_successes` consecutive probe successes; a failure resets that count.
+
+Pure: the shell (the gateway, or the twin) reports outcomes and acts on the transitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Transition = Literal["ejected", "readmitted"]
+
+
+@dataclass(slots=True)
+class ReplicaHealth:
+    eject_after_failures: int = 3
+    readmit_after_successes: int = 2
+    ejected: bool = False
+    num_consecutive_failures: int = 0
+    num_consecutive_successes: int = 0
+    num_ejections: int = 0
+
+    def __post_init__(self) -> None:
+        if self.eject_after_failures < 1 or self.readmit_after_successes < 1:
+            raise ValueError("eject_after_failures and readmit_after_successes must be >= 1")
+
+    def success(self) -> Transition | None:
+        self.num_consecutive_failures = 0
+        if not self.ejected:
+            return None
+        self.num_consecutive_successes += 1
+        if self.num_consecutive_successes >= self.readmit_after_successes:
+            self.ejected = False
+            self.num_consecutive_successes = 0
+            return "readmitted"
+        return None
+
+    def failure(self) -> Transition | None:
+        self.num_consecutive_successes = 0
+        if self.ejected:
+            return None
+        self.num_consecutive_failures += 1
+        if self.num_consecutive_failures >= self.eject_after_failures:
+            self.ejected = True
+            self.num_consecutive_failures = 0
+            self.num_ejections += 1
+            return "ejected"
+        return None

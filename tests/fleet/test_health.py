@@ -1,0 +1,35 @@
+"""Replica health: consecutive failures eject, consecutive probe successes readmit."""
+
+from __future__ import annotations
+
+import pytest
+
+from chatfleet.core.fleet.health import ReplicaHealth
+
+
+def test_consecutive_failures_eject_and_a_success_resets_the_count() -> None:
+    h = ReplicaHealth(eject_after_failures=3, readmit_after_successes=2)
+    assert h.failure() is None and h.failure() is None
+    assert h.success() is None  # resets
+    assert h.failure() is None and h.failure() is None
+    assert h.failure() == "ejected"
+    assert h.ejected and h.num_ejections == 1
+    assert h.failure() is None  # already out
+
+
+def test_an_ejected_replica_returns_after_consecutive_successes() -> None:
+    h = ReplicaHealth(eject_after_failures=1, readmit_after_successes=3)
+    assert h.failure() == "ejected"
+    assert h.success() is None and h.success() is None
+    assert h.failure() is None  # a failure restarts the count
+    assert h.success() is None and h.success() is None
+    assert h.success() == "readmitted"
+    assert not h.ejected
+    assert h.failure() == "ejected" and h.num_ejections == 2
+
+
+def test_thresholds_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        ReplicaHealth(eject_after_failures=0)
+    with pytest.raises(ValueError):
+        ReplicaHealth(readmit_after_successes=0)
