@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import email.utils
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +98,7 @@ class StreamOutcome:
     finish_reason: str | None = None
     text_parts: list[str] = field(default_factory=list)  # the answer's content (no reasoning)
     cached_reported: bool = False  # usage carried prompt_tokens_details.cached_tokens
+    retry_after_s: float | None = None  # a 429's wait, wall seconds (see retry_after_s)
 
     @property
     def text(self) -> str:
@@ -127,13 +130,48 @@ def _content(choice: dict[str, Any]) -> str | None:
     return t if isinstance(t, str) else None
 
 
+def _seconds(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        s = float(value.strip())
+    except ValueError:
+        return None
+    return s if math.isfinite(s) and s >= 0 else None
+
+
+def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """How long a 429 asks the client to wait, in (wall) seconds: `retry-after-ms` / 1000
+    when present and valid (what openai-python reads first), else `Retry-After` as seconds
+    (integer or decimal) or as an HTTP date (`now`: Unix time, default the system clock);
+    None when neither gives a usable value. Header names are matched case-insensitively
+    when `headers` is aiohttp's (a CIMultiDict)."""
+    ms = _seconds(headers.get("retry-after-ms"))
+    if ms is not None:
+        return ms / 1000.0
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    s = _seconds(value)
+    if s is not None:
+        return s
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
 async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, Any],
                  record: RequestRecord, clock: Clock,
                  headers: dict[str, str] | None = None,
                  on_chunk: Callable[[float, int], None] | None = None,
                  count_text: Callable[[str], int] | None = None) -> StreamOutcome:
     """POST a streaming request and record it. Never raises for HTTP or stream errors: they
-    become the record's outcome (shed for 429, error otherwise).
+    become the record's outcome (shed for 429, error otherwise); a 429's wait goes to the
+    outcome's `retry_after_s`.
 
     Without running usage, a chunk's tokens are counted with `count_text` (the tokenizer), at
     least one per chunk with text; when the final usage gives the true total, the difference
@@ -152,6 +190,7 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
                 record.error = f"HTTP {resp.status}: {body}"
                 if resp.status == 429:
                     record.error += f" (retry-after {resp.headers.get('retry-after')})"
+                    out.retry_after_s = retry_after_s(resp.headers)
                 return out
             proto = resp.connection.protocol if resp.connection is not None else None
             if proto is not None:

@@ -6,6 +6,12 @@ whatever the server does. Every loop is bounded: nothing is sent after the windo
 the drain after it has a time limit, after which unfinished requests are cancelled and kept as
 timeouts.
 
+Shed requests (HTTP 429), with `retry_shed`, follow the twin's fleet runner: a closed-loop user
+waits the Retry-After (`retry-after-ms` first; 1 s without one) and sends the same request again
+as attempt k, request id `<id>#k`, each attempt its own record, at most `max_retries` times and
+only while the retry time is inside the window; a user whose request is still shed after that
+stops (as in the twin: it would retry past the window). A shed open-loop session ends.
+
 The driver also measures itself: send lag (how late each request left against its schedule)
 and event-loop lag (how late a 10 ms timer fires), so a run where the client fell behind can
 be set aside instead of being reported as the server's latency.
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -102,8 +109,15 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
                 route: Callable[[RequestSpec, int], int] | None = None,
                 headers: dict[str, str] | None = None,
                 stop: asyncio.Event | None = None,
-                count_text: Callable[[str], int] | None = None) -> DriveResult:
-    """Run one load point (model times throughout; `clock` converts a time-scaled target)."""
+                count_text: Callable[[str], int] | None = None,
+                retry_shed: bool = False, max_retries: int = 20,
+                session_header: str | None = None) -> DriveResult:
+    """Run one load point (model times throughout; `clock` converts a time-scaled target).
+
+    `retry_shed`: a shed closed-loop request is retried after its Retry-After (wall seconds,
+    so `Retry-After x clock.scale` in model time) as `<request id>#k`, k = 1..`max_retries`,
+    while the retry time is before `window_end`; a shed open-loop session ends.
+    `session_header`: a header (e.g. X-Session-ID) that carries each request's session id."""
     route = route or (lambda spec, n: spec.user % n)
     stop = stop or asyncio.Event()  # set it to end the window early (Ctrl-C)
     res = DriveResult([], [])
@@ -112,7 +126,20 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
     tasks: set[asyncio.Task[None]] = set()
     t_start = time.monotonic()
 
-    async def send(spec: RequestSpec) -> StreamOutcome:
+    def request_headers(spec: RequestSpec) -> dict[str, str] | None:
+        if session_header is None:
+            return headers
+        return {**(headers or {}), session_header: spec.session_id}
+
+    async def send(spec: RequestSpec, attempt: int = 0,
+                   at: float | None = None) -> StreamOutcome:
+        """Send `spec` (attempt 0) or its retry `attempt` at model time `at`: the attempt
+        is the same request under the id `<id>#<attempt>`, for the payload too (an engine
+        refuses a repeated rid)."""
+        if attempt:
+            spec = dataclasses.replace(spec, request_id=f"{spec.request_id}#{attempt}",
+                                       scheduled_time=spec.scheduled_time if at is None
+                                       else at)
         await clock.sleep_until(spec.scheduled_time)
         res.send_lag.append((spec.scheduled_time, max(0.0, (clock.now() - spec.scheduled_time)
                                                       * 1000 / clock.scale)))
@@ -124,8 +151,8 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
         rec.replica = targets[i]
         path, body = payload(spec)
         try:
-            out = await stream(session, targets[i] + path, body, rec, clock, headers,
-                               count_text=count_text)
+            out = await stream(session, targets[i] + path, body, rec, clock,
+                               request_headers(spec), count_text=count_text)
         except asyncio.CancelledError:
             rec.outcome = "timeout"
             rec.error = "not finished within the drain limit"
@@ -141,10 +168,27 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
         if end is not None and (nxt is None or nxt.session_id != spec.session_id):
             end(spec.session_id)
 
+    async def send_retrying(spec: RequestSpec) -> StreamOutcome:
+        """A closed-loop user's request and, with `retry_shed`, its retries while shed."""
+        out = await send(spec)
+        attempt = 0
+        while (retry_shed and out.record.outcome == "shed" and attempt < max_retries
+               and not stop.is_set()):
+            wait_s = out.retry_after_s if out.retry_after_s is not None else 1.0
+            retry_at = clock.now() + wait_s * clock.scale  # wall seconds -> model time
+            if retry_at >= window_end:
+                break
+            attempt += 1
+            out = await send(spec, attempt, retry_at)
+        return out
+
     async def user(spec: RequestSpec | None) -> None:
         assert isinstance(driver, ClosedLoop)
         while spec is not None and spec.scheduled_time < window_end and not stop.is_set():
-            await send(spec)
+            out = await send_retrying(spec)
+            if retry_shed and out.record.outcome == "shed":
+                done(spec, None)  # gave up: the user stops, as in the twin
+                return
             nxt = driver.on_done(spec, clock.now())
             done(spec, nxt)
             spec = nxt
@@ -153,7 +197,10 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
         assert isinstance(driver, OpenLoop)
         nxt: RequestSpec | None = spec
         while nxt is not None and nxt.scheduled_time < window_end and not stop.is_set():
-            await send(nxt)
+            out = await send(nxt)
+            if retry_shed and out.record.outcome == "shed":
+                done(nxt, None)  # a shed session ends, as in the twin
+                return
             cur, nxt = nxt, driver.on_done(nxt, clock.now())
             done(cur, nxt)
 
