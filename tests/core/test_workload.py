@@ -293,3 +293,35 @@ def test_bad_user_count(users: int) -> None:
 def test_bad_arrivals(rate: float, burstiness: float) -> None:
     with pytest.raises(WorkloadError):
         OpenLoop(workload(), rate, burstiness)
+
+
+def test_a_sessions_requests_do_not_depend_on_the_order_others_finish() -> None:
+    """The twin and a live run see completions that tie in the model in either order: each
+    session's lengths and think times must be its own (the fleet parity check needs it)."""
+    cfg = WorkloadConfig(system_prompt_tokens=8,
+                         lengths=LengthSpec("uniform", 100, 50, 0.5, "vllm"),
+                         turns=3, think_time_s=1.0)
+
+    def run(order: list[int]) -> dict[str, list[tuple[int, float]]]:
+        loop = ClosedLoop(Workload(cfg, random.Random(4)), 3)
+        specs = {s.user: s for s in loop.start()}
+        seen: dict[str, list[tuple[int, float]]] = {}
+        for user in order:
+            nxt = loop.on_done(specs[user], 10.0)
+            seen.setdefault(nxt.session_id, []).append((nxt.prompt_len, nxt.scheduled_time))
+            specs[user] = nxt
+        return seen
+
+    a = run([0, 1, 2, 0, 1, 2, 2, 1, 0])
+    b = run([2, 1, 0, 2, 0, 1, 0, 2, 1])
+    assert a == b
+    assert "s1.1" in a  # a user's second session
+
+
+def test_an_open_loop_can_follow_a_trace_of_arrival_times() -> None:
+    wl = Workload(WorkloadConfig(), random.Random(1))
+    loop = OpenLoop(wl, rate=1.0, arrival_times=[0.5, 0.5, 2.0])
+    got = [loop.next_arrival(0.0).scheduled_time for _ in range(4)]
+    assert got[:3] == [0.5, 0.5, 2.0] and got[3] == float("inf")
+    with pytest.raises(WorkloadError):
+        OpenLoop(wl, rate=1.0, arrival_times=[1.0, 0.5])

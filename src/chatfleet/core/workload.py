@@ -11,6 +11,7 @@ Chat-template tokens around turns are not counted (a few per turn).
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from array import array
@@ -200,18 +201,27 @@ class Session:
     group: int
     history: list[tuple[int, int]]
     turn: int = 0
+    rng: random.Random | None = None  # the session's own draws (lengths, think times)
 
 
 class Workload:
     """Makes sessions and their turns. Segment ids are allocated in order, so the same seed
-    gives the same token ids."""
+    gives the same token ids.
+
+    Each session draws its lengths and think times from its own generator, seeded from the
+    workload's seed, the user and the user's session count; `rng` itself only draws arrival
+    times. So a session's requests do not depend on the order in which other sessions finish:
+    the twin and a live run (where completions that tie in the model land in either order)
+    offer the same trace."""
 
     def __init__(self, cfg: WorkloadConfig, rng: random.Random) -> None:
         self.cfg = cfg
         self.rng = rng
+        self._base_seed = rng.getrandbits(64)
         self._next_segment = cfg.prompt_groups + 1  # 1..G are the shared system prompts
         self._num_sessions = 0
         self._num_requests = 0
+        self._sessions_of_user: dict[int, int] = {}
 
     def group_of(self, session_index: int) -> int:
         """Sessions spread over the groups round-robin (as SGLang's generated-shared-prefix
@@ -228,14 +238,20 @@ class Workload:
         return (sid, n)
 
     def new_session(self, user: int) -> Session:
+        """User u's k-th session is "s{u+1}" (k = 0) or "s{u+1}.{k}", whatever the order of
+        creation; its prompt group is round-robin over creation order."""
         group = self.group_of(self._num_sessions)
         self._num_sessions += 1
+        k = self._sessions_of_user.get(user, 0)
+        self._sessions_of_user[user] = k + 1
         history = [self.system_segment(group)] if self.cfg.system_prompt_tokens else []
-        return Session(f"s{self._num_sessions}", user, group, history)
+        rng = random.Random(f"{self._base_seed}/{user}/{k}")
+        name = f"s{user + 1}" if k == 0 else f"s{user + 1}.{k}"
+        return Session(name, user, group, history, rng=rng)
 
     def next_turn(self, session: Session, scheduled_time: float) -> RequestSpec:
         """The session's next request; its answer's content joins the session's history."""
-        in_len, out_len = self.cfg.lengths.sample(self.rng)
+        in_len, out_len = self.cfg.lengths.sample(session.rng or self.rng)
         user_seg = self._segment(in_len)
         segments = (*session.history, user_seg)
         reasoning = int(out_len * self.cfg.reasoning_share)
@@ -264,13 +280,14 @@ class Workload:
         session.turn += 1
         return spec
 
-    def think_time(self) -> float:
+    def think_time(self, session: Session | None = None) -> float:
         mean = self.cfg.think_time_s
         if mean <= 0:
             return 0.0
         if self.cfg.think_dist == "fixed":
             return mean
-        return self.rng.expovariate(1.0 / mean)
+        rng = session.rng if session is not None and session.rng is not None else self.rng
+        return rng.expovariate(1.0 / mean)
 
 
 class ClosedLoop:
@@ -299,10 +316,11 @@ class ClosedLoop:
     def on_done(self, spec: RequestSpec, now: float) -> RequestSpec:
         """The user's next request, scheduled after its think time."""
         s = self.sessions[spec.user]
+        think = self.workload.think_time(s)
         if s.turn >= self.workload.cfg.turns:
             s = self.workload.new_session(spec.user)
             self.sessions[spec.user] = s
-        return self.workload.next_turn(s, now + self.workload.think_time())
+        return self.workload.next_turn(s, now + think)
 
 
 class OpenLoop:
@@ -312,14 +330,21 @@ class OpenLoop:
 
     mode = "open"
 
-    def __init__(self, workload: Workload, rate: float, burstiness: float = 1.0) -> None:
+    def __init__(self, workload: Workload, rate: float, burstiness: float = 1.0,
+                 arrival_times: Sequence[float] | None = None) -> None:
+        """`arrival_times`, when given, is the trace of session arrivals (sorted, in
+        seconds): sessions arrive exactly then, and `rate` only labels the load."""
         if rate <= 0:
             raise WorkloadError("arrival rate must be positive")
         if burstiness <= 0:
             raise WorkloadError("burstiness must be positive")
+        if arrival_times is not None and any(
+                b < a for a, b in itertools.pairwise(arrival_times)):
+            raise WorkloadError("arrival times must be sorted")
         self.workload = workload
         self.rate = rate
         self.burstiness = burstiness
+        self.arrival_times = list(arrival_times) if arrival_times is not None else None
         self._sessions: dict[str, Session] = {}
         self._users = 0
 
@@ -330,8 +355,13 @@ class OpenLoop:
         return rng.gammavariate(self.burstiness, 1.0 / (self.rate * self.burstiness))
 
     def next_arrival(self, now: float) -> RequestSpec:
-        """A new session's first turn, arriving one inter-arrival time after `now`."""
-        t = now + self.interarrival()
+        """A new session's first turn, arriving one inter-arrival time after `now` (or at
+        the trace's next arrival time; after the trace's last, at infinity)."""
+        if self.arrival_times is not None:
+            i = self._users
+            t = self.arrival_times[i] if i < len(self.arrival_times) else math.inf
+        else:
+            t = now + self.interarrival()
         s = self.workload.new_session(self._users)
         self._users += 1
         self._sessions[s.session_id] = s
@@ -344,4 +374,4 @@ class OpenLoop:
         if s.turn >= self.workload.cfg.turns:
             del self._sessions[spec.session_id]
             return None
-        return self.workload.next_turn(s, now + self.workload.think_time())
+        return self.workload.next_turn(s, now + self.workload.think_time(s))
