@@ -55,10 +55,16 @@ class EngineSpec:
         }
 
 
+def step_time_model(spec: EngineSpec) -> StepTimeModel:
+    """The deployment's step-time model (the gateway prices a spill with it)."""
+    constants = step_constants(spec.gpu, spec.model, spec.precision, spec.calibration)
+    return StepTimeModel(spec.model, spec.gpu, spec.precision, constants)
+
+
 def build_scheduler(spec: EngineSpec) -> Scheduler:
     plan = spec.pool_plan()
-    constants = step_constants(spec.gpu, spec.model, spec.precision, spec.calibration)
-    step_model = StepTimeModel(spec.model, spec.gpu, spec.precision, constants)
+    step_model = step_time_model(spec)
+    constants = step_model.constants
     cfg = SchedulerConfig(
         pool_tokens=spec.pool_tokens or plan.kv_pool_tokens,
         chunked_prefill_size=constants.chunked_prefill_size,
