@@ -21,9 +21,8 @@ from typing import Any
 from chatfleet.core.engine.build import EngineSpec, build_scheduler
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler
-from chatfleet.core.fleet.admission import AdmissionController, Decision, FleetRequest
-from chatfleet.core.fleet.routing import Router, route_least_loaded
-from chatfleet.core.fleet.session import SessionTable
+from chatfleet.core.fleet.admission import Decision, FleetRequest
+from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec, Workload, WorkloadConfig
@@ -39,9 +38,16 @@ class FleetConfig:
     cap: int
     queue_depth: int = 64
     ttft_budget_s: float = 1.0
+    prefill_reserve_s: float = 0.0  # the queue deadline is arrival + budget - this
     affinity: bool = True  # sessions to their replica (rendezvous + spill rule); else least-loaded
+    # gateway <-> engine, one way: an admitted request reaches its engine this much later, and
+    # a finished one frees its slot at the gateway this much later. With a delay, a request
+    # admitted from the queue misses the step that starts as the slot frees (as it does live)
+    hop_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.hop_s < 0:
+            raise ValueError("hop_s must not be negative")
         if self.replicas < 1 or self.cap < 1 or self.queue_depth < 0:
             raise ValueError("a fleet needs at least 1 replica, a cap of at least 1 and a "
                              "queue depth of at least 0")
@@ -65,8 +71,7 @@ class _FleetRun:
     names: list[str]
     loop: EventLoop
     driver: ClosedLoop | OpenLoop
-    ac: AdmissionController
-    router: Router | None
+    fleet: Fleet
     window_end: float
     horizon: float
     step_gen: list[int]
@@ -75,6 +80,7 @@ class _FleetRun:
     last_prompt: dict[str, tuple[int, int]] = field(default_factory=dict)
     expire_at: float | None = None
     max_in_flight: list[int] = field(default_factory=list)
+    hop_s: float = 0.0
 
     # --- arrivals and decisions -----------------------------------------------------------
     def arrive(self, att: _Attempt, now: float) -> Iterable[Event]:
@@ -86,7 +92,7 @@ class _FleetRun:
         req = FleetRequest(rid, f"sid:{spec.session_id}", now, returning=spec.turn > 0,
                            prompt_tokens=prev[0] if prev else None,
                            cached_tokens=prev[1] if prev else None)
-        return self.handle(self.ac.offer(req, now), now)
+        return self.handle(self.fleet.offer(req, now), now)
 
     def open_arrival(self, spec: RequestSpec, now: float) -> Iterable[Event]:
         assert isinstance(self.driver, OpenLoop)
@@ -97,19 +103,21 @@ class _FleetRun:
         return out
 
     def handle(self, decisions: list[Decision], now: float) -> list[Event]:
-        if self.router is not None:
-            self.router.note(decisions, now)
         out: list[Event] = []
         for d in decisions:
             att = self.attempts.get(d.request.request_id)
             if att is None:
                 continue
             if d.admitted and d.replica is not None:
-                out.extend(self.start(d.request.request_id, att, self.names.index(d.replica),
-                                      now))
+                i = self.names.index(d.replica)
+                if self.hop_s > 0:
+                    out.append(self.loop.at(now + self.hop_s, self.start_event,
+                                            (d.request.request_id, att, i)))
+                else:
+                    out.extend(self.start(d.request.request_id, att, i, now))
             elif d.shed:
                 out.extend(self.shed(d, att, now))
-        nxt = self.ac.next_deadline()
+        nxt = self.fleet.ac.next_deadline()
         if nxt is not None and (self.expire_at is None or nxt < self.expire_at
                                 or self.expire_at <= now):
             self.expire_at = max(nxt, now)
@@ -118,7 +126,13 @@ class _FleetRun:
 
     def expire(self, _: object, now: float) -> Iterable[Event]:
         self.expire_at = None
-        return self.handle(self.ac.expire(now), now)
+        return self.handle(self.fleet.expire(now), now)
+
+    def start_event(self, args: tuple[str, _Attempt, int], now: float) -> list[Event]:
+        return self.start(*args, now)
+
+    def release_event(self, i: int, now: float) -> list[Event]:
+        return self.handle(self.fleet.release(self.names[i], now), now)
 
     def start(self, rid: str, att: _Attempt, i: int, now: float) -> list[Event]:
         spec = att.spec
@@ -126,7 +140,7 @@ class _FleetRun:
         att.replica, att.req = i, req
         sched = self.scheds[i]
         sched.add_request(req, now)
-        inflight = self.ac.in_flight(self.names[i])
+        inflight = self.fleet.ac.in_flight(self.names[i])
         self.max_in_flight[i] = max(self.max_in_flight[i], inflight)
         if sched.in_flight is not None:
             new_end = sched.truncate_decode_run(now)
@@ -167,10 +181,12 @@ class _FleetRun:
             spec = att.spec
             self.records.append(self.record(att, req))
             self.last_prompt[spec.session_id] = (req.prompt_len, req.num_cached_tokens)
-            if self.router is not None:
-                self.router.observe_usage(f"sid:{spec.session_id}", req.prompt_len,
-                                          req.num_cached_tokens, now)
-            out.extend(self.handle(self.ac.release(self.names[i], now), now))
+            self.fleet.observe_usage(f"sid:{spec.session_id}", req.prompt_len,
+                                     req.num_cached_tokens, now)
+            if self.hop_s > 0:
+                out.append(self.loop.at(now + self.hop_s, self.release_event, i))
+            else:
+                out.extend(self.handle(self.fleet.release(self.names[i], now), now))
             nxt = self.driver.on_done(spec, now)
             if nxt is not None and nxt.scheduled_time < self.window_end:
                 out.append(self.loop.at(nxt.scheduled_time, self.arrive, _Attempt(nxt, 0)))
@@ -195,32 +211,35 @@ def run_fleet_point(
     seed: int = 1,
     drain_s: float = 600.0,
     slo: SLO | None = None,
+    replica_names: list[str] | None = None,
+    trace: FleetTrace | None = None,
+    arrival_times: list[float] | None = None,
 ) -> PointRun:
     """One load point through `fleet.replicas` engines behind the gateway's admission and
-    routing. TTFT counts from the request's arrival at the gateway (queueing included)."""
+    routing. TTFT counts from the request's arrival at the gateway (queueing included).
+    Replica names matter: rendezvous hashing places sessions by name (the parity check names
+    them as the live fleet does)."""
     slo = slo or SLO()
     scheds = [build_scheduler(spec) for _ in range(fleet.replicas)]
-    names = [f"twin-{i}" for i in range(fleet.replicas)]
-    router = None
-    if fleet.affinity:
-        router = Router(scheds[0].step_model, SessionTable(),
-                        shared_prefix_tokens=wcfg.system_prompt_tokens)
-        route = router.route
-    else:
-        route = route_least_loaded
-    ac = AdmissionController({n: fleet.cap for n in names}, fleet.queue_depth,
-                             fleet.ttft_budget_s, route=route)
+    names = replica_names or [f"twin-{i}" for i in range(fleet.replicas)]
+    if len(names) != fleet.replicas or len(set(names)) != len(names):
+        raise ValueError(f"need {fleet.replicas} distinct replica names, got {names}")
+    core = Fleet({n: fleet.cap for n in names}, FleetSettings(
+        queue_depth=fleet.queue_depth, ttft_budget_s=fleet.ttft_budget_s,
+        prefill_reserve_s=fleet.prefill_reserve_s, affinity=fleet.affinity,
+        shared_prefix_tokens=wcfg.system_prompt_tokens), scheds[0].step_model, trace)
     workload = Workload(wcfg, random.Random(seed))
     driver: ClosedLoop | OpenLoop
     if load["mode"] == "closed":
         driver = ClosedLoop(workload, int(load["concurrency"]))
     else:
-        driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)))
+        driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)),
+                          arrival_times)
     loop = EventLoop()
     window_end = warmup_s + duration_s
-    run = _FleetRun(scheds, names, loop, driver, ac, router, window_end,
+    run = _FleetRun(scheds, names, loop, driver, core, window_end,
                     window_end + drain_s, [0] * fleet.replicas,
-                    max_in_flight=[0] * fleet.replicas)
+                    max_in_flight=[0] * fleet.replicas, hop_s=fleet.hop_s)
     if isinstance(driver, ClosedLoop):
         loop.push(loop.at(s.scheduled_time, run.arrive, _Attempt(s, 0)) for s in driver.start())
     else:
@@ -237,5 +256,6 @@ def run_fleet_point(
         gpu=gpu_block(spec, scheds, warmup_s, window_end),
         client={"send_lag_ms_p99": 0.0, "loop_lag_ms_p99": 0.0})
     point["fleet"] = {**fleet.to_json(), "max_in_flight": run.max_in_flight,
-                      "shed": dict(ac.num_shed), "admitted": ac.num_admitted}
+                      "shed": dict(core.ac.num_shed), "admitted": core.ac.num_admitted,
+                      "routes": dict(core.num_routes)}
     return PointRun(point, run.records, scheds[0], loop.num_events)
