@@ -70,3 +70,180 @@ def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s
                            mode="closed", seed=seed, flushed=True, time_scale=time_scale)
     return ParityResult(twin.point, live, engine_from_trace(trace, warmup_s, end),
                         emission_lag(trace, time_scale), res)
+
+
+# --- the fleet: twin (core/fleet in virtual time) against gateway + simservers (wall clock) ---
+Outcomes = dict[str, tuple[str, str | None]]  # "session/turn#attempt" -> (outcome, replica)
+
+
+@dataclass(slots=True)
+class FleetParity:
+    """Per request, keyed "session/turn#attempt" (request ids are numbered in the order the
+    workload generated them, which a near-tie can swap): (outcome, replica) in the twin and
+    live; the live replicas' largest in-flight count (running + waiting in the engine) read
+    from the simserver trace; both points (summarize_point of each side's records)."""
+
+    twin: Outcomes
+    live: Outcomes
+    twin_point: dict[str, Any]
+    live_point: dict[str, Any]
+    max_in_flight: dict[str, int]
+    drive: DriveResult
+    twin_records: list[Any]
+    replay_agreement: float  # the gateway's traced core calls replayed: same decisions
+
+    def common(self) -> list[str]:
+        return sorted(set(self.twin) & set(self.live))
+
+    def decision_agreement(self) -> float:
+        """Share of the requests both sides saw that got the same admit/shed decision."""
+        ids = self.common()
+        same = sum(1 for r in ids if (self.twin[r][0] == "shed") == (self.live[r][0] == "shed"))
+        return same / len(ids) if ids else 0.0
+
+    def group_agreement(self, resolution_s: float = 0.002) -> float:
+        """Like decision_agreement, with requests that arrive within `resolution_s` of each
+        other taken as one group whose admitted count is compared: in wall clock, requests
+        sent in the same millisecond reach the gateway in any order (one connection each), so
+        which of them takes the last slot is not part of what the twin can predict."""
+        sched = {self._key_of(r): r.scheduled_time for r in self.drive.records}
+        ids = sorted(self.common(), key=lambda k: sched.get(k, 0.0))
+        agree, i = 0, 0
+        while i < len(ids):
+            j = i + 1
+            while j < len(ids) and sched.get(ids[j], 0.0) - sched.get(ids[j - 1], 0.0) \
+                    < resolution_s:
+                j += 1
+            group = ids[i:j]
+            a = sum(1 for k in group if self.twin[k][0] != "shed")
+            b = sum(1 for k in group if self.live[k][0] != "shed")
+            agree += len(group) - abs(a - b)
+            i = j
+        return agree / len(ids) if ids else 0.0
+
+    @staticmethod
+    def _key_of(rec: Any) -> str:
+        return _key(rec.session_id, rec.turn, rec.request_id)
+
+    def same_session_replica(self) -> tuple[int, int]:
+        """(sessions whose first admitted request went to the same replica on both sides,
+        sessions admitted on both sides)."""
+        def first(side: Outcomes) -> dict[str, str]:
+            out: dict[str, str] = {}
+            for key in sorted(side, key=_turn_order):
+                outcome, replica = side[key]
+                if outcome != "shed" and replica is not None:
+                    out.setdefault(key.split("/", 1)[0], replica)
+            return out
+        t, v = first(self.twin), first(self.live)
+        both = set(t) & set(v)
+        return sum(1 for s in both if t[s] == v[s]), len(both)
+
+    @staticmethod
+    def session_replicas(side: Outcomes) -> dict[str, set[str]]:
+        """Each session's replicas over its admitted requests."""
+        out: dict[str, set[str]] = {}
+        for key, (outcome, replica) in side.items():
+            if outcome != "shed" and replica is not None:
+                out.setdefault(key.split("/", 1)[0], set()).add(replica)
+        return out
+
+
+def _turn_order(key: str) -> tuple[str, int, int]:
+    session, _, rest = key.partition("/")
+    turn, _, attempt = rest.partition("#")
+    return (session, int(turn), int(attempt))
+
+
+def _key(session_id: str, turn: int, request_id: str) -> str:
+    _, _, attempt = request_id.partition("#")
+    return f"{session_id}/{turn}#{attempt or 0}"
+
+
+def max_in_flight_from_trace(path: Path) -> dict[str, int]:
+    """Per replica, the most requests the engine held at once (running + queued), over every
+    step of the trace."""
+    out: dict[str, int] = {}
+    for line in path.read_bytes().splitlines():
+        row = orjson.loads(line) if line else None
+        if row and row["type"] == "step":
+            out[row["replica"]] = max(out.get(row["replica"], 0), row["running"] + row["queue"])
+    return out
+
+
+def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any],
+                     fleet: Any, *, duration_s: float, warmup_s: float, seed: int,
+                     trace: Path, run_twin: bool = True,
+                     arrival_times: list[float] | None = None) -> FleetParity:
+    """The same workload and seed through the twin as a fleet and through a live gateway in
+    front of simserver replicas (time scale 1: the gateway's clock is the wall clock). A shed
+    closed-loop user waits its Retry-After and tries again; a shed open-loop session ends.
+    `fleet` is a twin.fleet.FleetConfig."""
+    from chatfleet.core.engine.build import step_time_model
+    from chatfleet.core.fleet.fleet import FleetTrace, replay
+    from chatfleet.core.workload import OpenLoop
+    from chatfleet.gateway.app import Gateway
+    from chatfleet.gateway.config import GatewayConfig, Overrides, Routing
+    from chatfleet.gateway.fleet import DecisionLog, fleet_settings
+    from chatfleet.gateway.server import serve_in_thread as gateway_in_thread
+    from chatfleet.twin.fleet import run_fleet_point
+
+    names = [f"replica-{i}" for i in range(fleet.replicas)]
+    end = warmup_s + duration_s
+    twin: Outcomes = {}
+    twin_point: dict[str, Any] = {}
+    twin_records: list[Any] = []
+    if run_twin:
+        run = run_fleet_point(spec, wcfg, load, fleet, duration_s=duration_s,
+                              warmup_s=warmup_s, seed=seed, replica_names=names,
+                              arrival_times=arrival_times)
+        twin_point, twin_records = run.point, run.records
+        twin = {_key(r.session_id, r.turn, r.request_id): (r.outcome, r.replica)
+                for r in run.records}
+    trace.unlink(missing_ok=True)
+    log = DecisionLog()
+    calls = FleetTrace()
+    with serve_in_thread(ServerConfig(spec=spec, replicas=fleet.replicas, trace=trace)) as srv:
+        cfg = Overrides(tuple(f"{n}={u}" for n, u in zip(names, srv.urls, strict=True)),
+                        fleet.cap, fleet.queue_depth).apply(GatewayConfig(
+                            ttft_budget_s=fleet.ttft_budget_s,
+                            prefill_reserve_s=fleet.prefill_reserve_s,
+                            routing=Routing(affinity=fleet.affinity,
+                                            shared_prefix_tokens=wcfg.system_prompt_tokens)))
+        gw = Gateway(cfg, decisions=log, step_time=step_time_model(spec), fleet_trace=calls)
+        with gateway_in_thread(gw) as g:
+            async def main() -> DriveResult:
+                async with make_session() as session:
+                    workload = Workload(wcfg, random.Random(seed))
+                    driver: ClosedLoop | OpenLoop
+                    if load["mode"] == "closed":
+                        driver = ClosedLoop(workload, int(load["concurrency"]))
+                    else:
+                        driver = OpenLoop(workload, float(load["rate_rps"]),
+                                          float(load.get("burstiness", 1.0)), arrival_times)
+                    return await drive([g.url], driver,
+                                       completions_with_ids("qwen3-8b", send_rid=True),
+                                       window_end=end, drain_s=120.0, clock=Clock(1.0),
+                                       session=session, retry_shed=True,
+                                       session_header="X-Session-ID")
+
+            res = asyncio.run(main())
+    decided: dict[str, tuple[str, str | None]] = {}
+    for _, rid, outcome, replica, _ in log.rows:
+        if outcome != "queued":
+            decided[rid] = (outcome, replica)
+    live: Outcomes = {}
+    for rec in res.records:
+        outcome, replica = decided.get(rec.request_id, (rec.outcome, None))
+        if outcome == "admitted":
+            outcome = rec.outcome  # ok, error, timeout, ...
+        live[_key(rec.session_id, rec.turn, rec.request_id)] = (outcome, replica)
+    live_point = summarize_point(res.records, load=load, window=(warmup_s, end), slo=SLO(),
+                                 mode=load["mode"], seed=seed, flushed=True)
+    replayed = [(d.request.request_id, d.outcome, d.replica)
+                for d in replay(calls, {}, fleet_settings(cfg), step_time_model(spec))]
+    logged = [(rid, outcome, replica) for _, rid, outcome, replica, _ in log.rows]
+    same = sum(1 for a, b in zip(replayed, logged, strict=False) if a == b)
+    replay_agreement = same / max(len(replayed), len(logged), 1)
+    return FleetParity(twin, live, twin_point, live_point, max_in_flight_from_trace(trace), res,
+                       twin_records, replay_agreement)

@@ -6,6 +6,7 @@ import typer
 
 from chatfleet import __version__
 from chatfleet.cli.agent import telemetry_agent
+from chatfleet.cli.gateway import gateway
 from chatfleet.cli.plan import plan
 from chatfleet.cli.report import report
 from chatfleet.cli.simserver import simserver
@@ -22,6 +23,7 @@ app = typer.Typer(
 app.command("plan")(plan)
 app.command("simserver")(simserver)
 app.command("sweep")(sweep)
+app.command("gateway")(gateway)
 app.command("report")(report)
 app.command("telemetry-agent")(telemetry_agent)
 app.add_typer(twin_app, name="twin")

@@ -253,6 +253,12 @@ def sweep(
     queue_depth: int = typer.Option(64, help="Gateway queue depth (with --cap)."),
     affinity: bool = typer.Option(True, "--affinity/--no-affinity", help="Sessions to their "
                                   "replica (rendezvous + spill rule), or least-loaded."),
+    prefill_reserve_ms: float = typer.Option(
+        0.0, help="Gateway: part of the TTFT budget kept for the prefill (a queued request is "
+        "shed at arrival + budget - this)."),
+    hop_ms: float = typer.Option(2.0, help="Gateway <-> engine delay, one way (a request "
+                                 "admitted from the queue misses the step already started; "
+                                 "2 ms matched the live gateway, docs/gateway.md)."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the chatfleet.sweep/1 "
                                          "document here (rewritten after every point)."),
     print_doc: bool = typer.Option(False, "--print-json", help="Print the document on stdout."),
@@ -290,7 +296,8 @@ def sweep(
 
                 fleet = FleetConfig(replicas=replicas, cap=cap or spec.pool_plan().kv_pool_tokens,
                                     queue_depth=queue_depth, ttft_budget_s=slo.ttft_ms / 1000,
-                                    affinity=affinity)
+                                    prefill_reserve_s=prefill_reserve_ms / 1000,
+                                    affinity=affinity, hop_s=hop_ms / 1000)
                 target["fleet"] = fleet.to_json()
             for i, load in enumerate(loads):
                 if fleet is not None:

@@ -1,0 +1,417 @@
+"""`chatfleet gateway`: the aiohttp application, its front routes and its background tasks.
+
+Front: POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models;
+/health (the process is up), /ready (at least one replica takes requests), /metrics
+(Prometheus). Admin (admin key): /admin/replicas, /admin/limits, /admin/reload (gateway/admin.py).
+Background: health probes, the idle/total timeout sweep, and the config file watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from chatfleet.core.engine.step_time import StepTimeModel
+from chatfleet.core.fleet.admission import Decision, FleetRequest, retry_after
+from chatfleet.core.fleet.fleet import FleetTrace
+from chatfleet.core.fleet.prompt import PrefixCheck, canonicalize, describe
+from chatfleet.core.fleet.routing import is_returning, session_key
+from chatfleet.gateway import errors
+from chatfleet.gateway.config import ConfigError, GatewayConfig, KeyConfig, Overrides, load_config
+from chatfleet.gateway.fleet import DecisionLog, LiveFleet
+from chatfleet.gateway.metrics import GatewayMetrics, exposition, registry
+from chatfleet.gateway.relay import Call, Relay, next_request_id
+from chatfleet.gateway.upstream import Exchange
+
+log = logging.getLogger("chatfleet.gateway")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:#-]{1,128}$")
+KEY = web.RequestKey("key", KeyConfig)
+SWEEP_S = 0.5
+WATCH_S = 1.0
+MODELS_TTL_S = 30.0
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def step_time_for(cfg: GatewayConfig) -> StepTimeModel:
+    """The step-time model that prices a spill, from the routing section's deployment."""
+    from chatfleet.core.engine.build import EngineSpec, step_time_model
+    from chatfleet.core.specs import SpecError, builtin_model, get_gpu, precision
+
+    r = cfg.routing
+    try:
+        spec = EngineSpec(get_gpu(r.gpu), builtin_model(r.model),
+                          precision(r.weights, r.kv_cache))
+    except SpecError as exc:
+        raise ConfigError(f"routing: {exc}") from exc
+    return step_time_model(spec)
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig, *, config_path: Path | None = None,
+                 overrides: Overrides | None = None, decisions: DecisionLog | None = None,
+                 step_time: StepTimeModel | None = None,
+                 fleet_trace: FleetTrace | None = None) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.overrides = overrides or Overrides()
+        self.decisions = decisions
+        self.fleet_trace = fleet_trace
+        self.metrics = GatewayMetrics()
+        self._step_time = step_time or step_time_for(cfg)
+        self.key_in_flight: Counter[str] = Counter()
+        self._live_ids: set[str] = set()
+        self.prefix = PrefixCheck(cfg.shared_prompt)
+        self._prefix_for = cfg.shared_prompt
+        self._watched: dict[int, tuple[Exchange, float]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._config_mtime = self._mtime()
+        self._models: tuple[float, bytes] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.relay = Relay(self)
+        self.app = self._build_app()
+
+    # --- wiring -------------------------------------------------------------------------------
+    def _build_app(self) -> web.Application:
+        from chatfleet.gateway.admin import add_admin_routes
+
+        app = web.Application(middlewares=[self._errors, self._auth],
+                              client_max_size=2**40, handler_args={"max_field_size": 16384})
+        r = app.router
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/v1/completions", self.completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_get("/ready", self.ready)
+        r.add_get("/metrics", self.metrics_route)
+        add_admin_routes(self, r)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, app: web.Application) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.fleet = LiveFleet(self.cfg, self._step_time, self.metrics, self.decisions,
+                               self.fleet_trace)
+        self.registry = registry(self.metrics, self.fleet.gauges)
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.cfg.timeouts.probe_s))
+        self._tasks = [asyncio.create_task(self._probe_loop()),
+                       asyncio.create_task(self._sweep_loop())]
+        if self.config_path is not None:
+            self._tasks.append(asyncio.create_task(self._watch_loop()))
+
+    async def _stop(self, app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.fleet.close()
+        if self._session is not None:
+            await self._session.close()
+
+    # --- middlewares --------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            resp: web.StreamResponse = await handler(request)
+            return resp
+        except BadRequest as exc:
+            return errors.error(exc.status, exc.message, param=exc.param)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return errors.error(exc.status, exc.reason, headers={
+                k: v for k, v in exc.headers.items() if k.lower() == "allow"})
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:
+            log.exception("internal error on %s %s", request.method, request.path)
+            return errors.error(500, "internal error in the gateway (logged)")
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        path = request.path
+        if path.startswith("/admin"):
+            if self.cfg.admin_sha256 is None:
+                return errors.error(404, "the admin API is off: set admin.sha256 in the "
+                                    "config file")
+            if not self.cfg.is_admin(_bearer(request)):
+                return errors.error(401, "the admin API needs the admin key",
+                                    code="invalid_api_key")
+        elif path.startswith("/v1/") and self.cfg.keys:
+            key = self.cfg.find_key(_bearer(request))
+            if key is None:
+                return errors.error(401, "missing or unknown API key (Authorization: Bearer "
+                                    "KEY)", code="invalid_api_key")
+            request[KEY] = key
+        resp: web.StreamResponse = await handler(request)
+        return resp
+
+    # --- front --------------------------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "/v1/chat/completions", "messages")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "/v1/completions", "prompt")
+
+    async def _generate(self, request: web.Request, path: str,
+                        field: str) -> web.StreamResponse:
+        arrival = self.loop.time()
+        body = await self._read_json(request)
+        _check_body(body, field)
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise BadRequest(400, "stream must be true or false", "stream")
+        cfg = self.cfg
+        headers: dict[str, str] = {}
+        if cfg.shared_prompt.mode == "own":
+            body = canonicalize(body, cfg.shared_prompt)
+        elif field == "messages":
+            report = self.prefix.check(body)
+            if report.checked and not report.matches:
+                self.metrics.prefix_mismatches += 1
+            if not report.matches or cfg.debug_headers:
+                headers["x-chatfleet-prefix"] = describe(report)
+        if stream:  # the answer's usage teaches the router the session's token counts
+            opts = body.get("stream_options")
+            opts = dict(opts) if isinstance(opts, dict) else {}
+            if opts.get("include_usage") is not True:
+                opts["include_usage"] = True
+                body = {**body, "stream_options": opts}
+        key = request.get(KEY)
+        rid = request.headers.get("X-Request-ID") or body.get("rid") or ""
+        if not isinstance(rid, str) or not _REQUEST_ID.match(rid) or rid in self._live_ids:
+            rid = next_request_id()
+        skey = session_key(request.headers, body)
+        fleet = self.fleet
+        returning = is_returning(body) or fleet.core.is_returning(skey, arrival)
+        freq = FleetRequest(rid, skey, arrival, returning)
+        if key is not None and key.max_concurrent is not None \
+                and self.key_in_flight[key.name] >= key.max_concurrent:
+            self.metrics.requests["shed"] += 1
+            self.metrics.shed["key_limit"] += 1
+            seconds, ms = retry_after(self.key_in_flight[key.name] - key.max_concurrent,
+                                      fleet.ac.drain_rate(None, arrival))
+            return errors.shed(Decision(freq, "shed", arrival, reason="key_limit",  # type: ignore[arg-type]
+                                        retry_after_s=seconds, retry_after_ms=ms), rid)
+        call = Call(rid, path, orjson.dumps(body), stream, freq, arrival, headers)
+        if key is not None:
+            self.key_in_flight[key.name] += 1
+        self._live_ids.add(rid)
+        try:
+            return await asyncio.wait_for(self.relay.run(request, call),
+                                          cfg.timeouts.total_s)
+        except TimeoutError:
+            self.metrics.requests["timeout"] += 1
+            return errors.error(504, "the request did not finish within "
+                                f"{cfg.timeouts.total_s:g} s", code="gateway_timeout")
+        finally:
+            self._live_ids.discard(rid)
+            if key is not None:
+                self.key_in_flight[key.name] -= 1
+
+    async def _read_json(self, request: web.Request) -> dict[str, Any]:
+        limit = self.cfg.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise BadRequest(413, f"the request body is larger than {limit} bytes")
+        try:
+            raw = await asyncio.wait_for(_read_at_most(request, limit),
+                                         self.cfg.timeouts.client_body_s)
+        except TimeoutError as exc:
+            raise BadRequest(408, "the request body did not arrive in time") from exc
+        if raw is None:
+            raise BadRequest(413, f"the request body is larger than {limit} bytes")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(400, f"the body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise BadRequest(400, "the body must be a JSON object")
+        return body
+
+    async def models(self, request: web.Request) -> web.Response:
+        if self.cfg.served_model_name:
+            return web.Response(body=_models_body([self.cfg.served_model_name]),
+                                content_type="application/json")
+        now = self.loop.time()
+        if self._models is not None and now - self._models[0] < MODELS_TTL_S:
+            return web.Response(body=self._models[1], content_type="application/json")
+        ids: list[str] = []
+        for rep in self.fleet.replicas.values():
+            if not rep.serving or self._session is None:
+                continue
+            with contextlib.suppress(Exception):
+                async with self._session.get(rep.config.url + "/v1/models") as r:
+                    doc = await r.json(content_type=None)
+                    ids = [m["id"] for m in doc.get("data", [])
+                           if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                if ids:
+                    break
+        if not ids:
+            return errors.error(503, "no replica answered /v1/models", code="no_replica")
+        body = _models_body(ids)
+        self._models = (now, body)
+        return web.Response(body=body, content_type="application/json")
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        serving = [n for n, r in self.fleet.replicas.items() if r.serving]
+        status = 200 if serving else 503
+        return web.json_response({"ready": bool(serving), "serving": serving,
+                                  "ejected": [n for n, r in self.fleet.replicas.items()
+                                              if not r.serving]}, status=status)
+
+    async def metrics_route(self, request: web.Request) -> web.Response:
+        return web.Response(body=exposition(self.registry),
+                            content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    # --- configuration ------------------------------------------------------------------------
+    def apply(self, cfg: GatewayConfig) -> None:
+        """Take a new configuration; streams keep running."""
+        self.cfg = cfg
+        if cfg.shared_prompt != self._prefix_for:  # a new canonical prefix: check against it
+            self.prefix = PrefixCheck(cfg.shared_prompt)
+            self._prefix_for = cfg.shared_prompt
+        self.fleet.apply(cfg)
+        self.metrics.reloads += 1
+        self._models = None
+
+    def reload(self) -> GatewayConfig:
+        """Re-read the config file (plus the command line's flags); raises ConfigError and
+        keeps the running configuration when the file is bad."""
+        cfg = self.overrides.apply(load_config(self.config_path))
+        self.apply(cfg)
+        return cfg
+
+    def _mtime(self) -> float | None:
+        if self.config_path is None:
+            return None
+        with contextlib.suppress(OSError):
+            return self.config_path.stat().st_mtime
+        return None
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_S)
+            mtime = self._mtime()
+            if mtime is None or mtime == self._config_mtime:
+                continue
+            self._config_mtime = mtime
+            try:
+                self.reload()
+                log.warning("configuration reloaded from %s", self.config_path)
+            except ConfigError as exc:
+                log.error("configuration not reloaded (the running one is kept): %s", exc)
+
+    # --- health and timeouts ------------------------------------------------------------------
+    async def probe(self, name: str) -> bool:
+        rep = self.fleet.replicas.get(name)
+        if rep is None or self._session is None:
+            return False
+        try:
+            async with self._session.get(rep.config.url + "/health") as r:
+                await r.read()
+                ok = r.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            ok = False
+        self.fleet.report(name, ok, probe=True)
+        return ok
+
+    async def _probe_loop(self) -> None:
+        while True:
+            names = list(self.fleet.replicas)
+            await asyncio.gather(*(self.probe(n) for n in names), return_exceptions=True)
+            await asyncio.sleep(self.cfg.health.probe_interval_s)
+
+    def watch(self, ex: Exchange) -> int:
+        self._watched[id(ex)] = (ex, self.loop.time())
+        return id(ex)
+
+    def unwatch(self, token: int) -> None:
+        self._watched.pop(token, None)
+
+    async def _sweep_loop(self) -> None:
+        """Abort streams idle for longer than timeouts.idle_s (the total timeout is the
+        request's own wait_for)."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = self.loop.time()
+            idle = self.cfg.timeouts.idle_s
+            for token, (ex, _) in list(self._watched.items()):
+                if now - ex.last_read > idle:
+                    ex.timed_out = True
+                    ex.abort_upstream()
+                    self._watched.pop(token, None)
+
+
+def _bearer(request: web.Request) -> str:
+    auth = request.headers.get("Authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("api-key", "")
+
+
+async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _check_body(body: dict[str, Any], field: str) -> None:
+    if field == "messages":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise BadRequest(400, "messages must be a non-empty list", "messages")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(400, f"messages[{i}] must be an object with a role",
+                                 "messages")
+    else:
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt)):
+            raise BadRequest(400, "prompt must be a string or a non-empty list", "prompt")
+    mt = body.get("max_tokens", body.get("max_completion_tokens"))
+    if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
+        raise BadRequest(400, "max_tokens must be a positive integer", "max_tokens")
+
+
+def _models_body(ids: list[str]) -> bytes:
+    created = int(time.time())
+    return orjson.dumps({"object": "list", "data": [
+        {"id": i, "object": "model", "created": created, "owned_by": "chatfleet"}
+        for i in ids]})
+
+
+def config_summary(cfg: GatewayConfig) -> dict[str, Any]:
+    """What /admin/limits shows (no key material)."""
+    return {"cap": cfg.cap, "queue_depth": cfg.queue_depth,
+            "caps": {r.name: cfg.replica_cap(r) for r in cfg.replicas},
+            "keys": {k.name: k.max_concurrent for k in cfg.keys},
+            "ttft_budget_s": cfg.ttft_budget_s,
+            "timeouts": dataclasses.asdict(cfg.timeouts)}

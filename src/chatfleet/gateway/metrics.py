@@ -1,0 +1,147 @@
+"""The gateway's metrics: plain counters on the hot path, Prometheus text on /metrics.
+
+Nothing here is global: each gateway owns one `GatewayMetrics` and one `CollectorRegistry`.
+Histograms are kept as bucket counts (a bisect and two additions per observation, several
+observations at once for the chunks of one read), and turned into Prometheus families only
+when /metrics is scraped.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+PREFIX = "chatfleet_gateway_"
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+                30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+               1.0, 2.5)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.bounds = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        self.count += n
+
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        cum, buckets = 0, []
+        for bound, c in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            cum += c
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cum))
+        return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=self.sum)
+
+
+@dataclass(slots=True)
+class GatewayMetrics:
+    """Counters the gateway bumps; the `gauges` callback reads the live state at scrape time."""
+
+    requests: Counter[str] = field(default_factory=Counter)  # by outcome
+    shed: Counter[str] = field(default_factory=Counter)  # by reason
+    upstream_failures: Counter[str] = field(default_factory=Counter)  # by replica
+    ejections: Counter[str] = field(default_factory=Counter)  # by replica
+    retries: int = 0
+    client_disconnects: int = 0
+    prefix_mismatches: int = 0
+    reloads: int = 0
+    chunks: int = 0
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+
+
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    queue_depth: int
+    in_flight: dict[str, int]
+    caps: dict[str, int]
+    healthy: dict[str, bool]
+    sessions: int
+    routes: dict[str, int]  # admissions by routing rule (core.fleet.Fleet.num_routes)
+
+
+class _Collector:
+    def __init__(self, m: GatewayMetrics, gauges: Callable[[], Gauges]) -> None:
+        self.m = m
+        self.gauges = gauges
+
+    def collect(self) -> Iterator[Metric]:
+        m, g = self.m, self.gauges()
+        c = CounterMetricFamily(PREFIX + "requests", "Requests by outcome (ok, shed, error, "
+                                "cancelled, timeout, rejected).", labels=["outcome"])
+        for k, v in sorted(m.requests.items()):
+            c.add_metric([k], v)
+        yield c
+        c = CounterMetricFamily(PREFIX + "shed", "Requests answered 429, by reason.",
+                                labels=["reason"])
+        for k, v in sorted(m.shed.items()):
+            c.add_metric([k], v)
+        yield c
+        c = CounterMetricFamily(PREFIX + "routes", "Admissions by routing rule: hit (the "
+                                "session's home), spill (elsewhere), least_loaded (no session).",
+                                labels=["rule"])
+        for k, v in sorted(g.routes.items()):
+            c.add_metric([k], v)
+        yield c
+        c = CounterMetricFamily(PREFIX + "upstream_failures", "Failed exchanges with a "
+                                "replica.", labels=["replica"])
+        for k, v in sorted(m.upstream_failures.items()):
+            c.add_metric([k], v)
+        yield c
+        c = CounterMetricFamily(PREFIX + "ejections", "Times a replica was ejected.",
+                                labels=["replica"])
+        for k, v in sorted(m.ejections.items()):
+            c.add_metric([k], v)
+        yield c
+        for name, value, doc in (
+            ("retries", m.retries, "Requests retried on another replica before a byte."),
+            ("client_disconnects", m.client_disconnects, "Clients that left mid-request."),
+            ("prefix_mismatches", m.prefix_mismatches, "Requests whose prompt prefix differs "
+             "from the canonical shared prompt (pass-through mode)."),
+            ("config_reloads", m.reloads, "Configuration reloads applied."),
+            ("chunks", m.chunks, "Stream chunks relayed."),
+        ):
+            yield CounterMetricFamily(PREFIX + name, doc, value=value)
+        yield m.ttft.family(PREFIX + "ttft_seconds", "Time from the request's arrival at the "
+                            "gateway to the first chunk of its answer (queueing included).")
+        yield m.itl.family(PREFIX + "itl_seconds", "Time between chunks of a stream, as the "
+                           "gateway relays them.")
+        yield GaugeMetricFamily(PREFIX + "queue_depth", "Requests waiting for a slot.",
+                                value=g.queue_depth)
+        yield GaugeMetricFamily(PREFIX + "sessions", "Live sessions in the session table.",
+                                value=g.sessions)
+        for name, values, doc in (
+            ("in_flight", g.in_flight, "Requests in flight per replica."),
+            ("cap", g.caps, "Per-replica cap on requests in flight."),
+            ("replica_healthy", {k: int(v) for k, v in g.healthy.items()},
+             "1 when the replica takes requests, 0 when ejected."),
+        ):
+            fam = GaugeMetricFamily(PREFIX + name, doc, labels=["replica"])
+            for k, v in sorted(values.items()):
+                fam.add_metric([k], v)
+            yield fam
+
+
+def registry(m: GatewayMetrics, gauges: Callable[[], Gauges]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_Collector(m, gauges))
+    return reg
+
+
+def exposition(reg: CollectorRegistry) -> bytes:
+    return generate_latest(reg)

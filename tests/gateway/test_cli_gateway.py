@@ -1,0 +1,97 @@
+"""`chatfleet gateway`: clean errors; a real process in front of a real simserver process,
+hot reload on SIGHUP, and a clean stop on SIGINT."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from typer.testing import CliRunner
+
+from chatfleet.cli import app
+from tests.gateway.test_relay import wait_for
+from tests.simserver.test_cli_simserver import CHATFLEET, read_urls
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "no replicas"),
+    (["--replica", "https://x:1"], "not an http://host:port"),
+    (["--replica", "http://127.0.0.1:1", "--cap", "-2"], "--cap"),
+    (["--replica", "http://127.0.0.1:1", "--port", "70000"], "--port"),
+    (["--replica", "http://127.0.0.1:1", "--config", "/no/such.yaml"], "cannot read"),
+    (["--replica", "http://127.0.0.1:1", "--cap-from", "/no/such.json"], "sweep"),
+])
+def test_bad_input_exits_2_with_a_message(args: list[str], message: str) -> None:
+    res = CliRunner().invoke(app, ["gateway", *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert "Traceback" not in res.output
+
+
+def test_hash_key_reads_stdin() -> None:
+    res = CliRunner().invoke(app, ["gateway", "--hash-key"], input="password\n")
+    assert res.exit_code == 0
+    assert res.output.strip() == ("sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a1"
+                                  "1ef721d1542d8")
+
+
+def spawn(*args: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return subprocess.Popen([str(CHATFLEET), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            assert proc.wait(20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    return proc.stderr.read().decode() if proc.stderr else ""
+
+
+def test_the_gateway_process_serves_reloads_and_stops(tmp_path: Path) -> None:
+    sim = spawn("simserver", "--port", "0", "--replicas", "2", "--time-scale", "10")
+    gw = None
+    try:
+        urls = read_urls(sim, 2, 30)
+        assert len(urls) == 2
+        cfg = tmp_path / "gateway.yaml"
+        cfg.write_text(yaml.safe_dump({"replicas": [{"name": "a", "url": urls[0]},
+                                                    {"name": "b", "url": urls[1]}],
+                                       "cap": 4, "debug_headers": True}))
+        gw = spawn("gateway", "--config", str(cfg), "--port", "0")
+        [url] = read_urls(gw, 1, 30)
+        assert url.startswith("http://127.0.0.1:")
+        r = requests.post(url + "/v1/chat/completions", timeout=30, json={
+            "model": "qwen3-8b", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5, "stream": True})
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+        assert r.headers["x-chatfleet-replica"] in ("a", "b")
+        # a new cap in the file, applied on SIGHUP (the file watch would too)
+        cfg.write_text(yaml.safe_dump({"replicas": [{"name": "a", "url": urls[0]}],
+                                       "cap": 2}))
+        gw.send_signal(signal.SIGHUP)
+
+        def reloaded() -> bool:
+            m = requests.get(url + "/metrics", timeout=5).text
+            return 'chatfleet_gateway_cap{replica="a"} 2.0' in m and 'replica="b"' not in m
+
+        assert wait_for(reloaded, 10)
+        stderr = stop(gw)
+        assert "Traceback" not in stderr, stderr
+    finally:
+        if gw is not None and gw.poll() is None:
+            gw.kill()
+            gw.wait(10)
+        stop(sim)
