@@ -934,6 +934,31 @@ def run_uvicorn(base: str, port: int, upstream: str, use_uvloop: bool) -> None:
     server.run()
 
 
+def cmd_chatfleet(args: argparse.Namespace) -> None:
+    """`chatfleet gateway` in front of the engine, as `chatfleet gateway --replica URL` runs
+    it (uvloop, default configuration), with a cap no run reaches and no queue."""
+    import uvloop
+
+    from chatfleet.gateway.app import Gateway
+    from chatfleet.gateway.config import GatewayConfig, Overrides
+    from chatfleet.gateway.server import start
+
+    cfg = Overrides((f"http://{args.upstream}",), cap=100_000, queue_depth=0).apply(
+        GatewayConfig())
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile(time.process_time)
+        prof.enable()
+    try:
+        uvloop.run(serve_forever(lambda: start(Gateway(cfg), HOST, args.port)))
+    finally:
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(args.profile)
+
+
 def cmd_relay(args: argparse.Namespace) -> None:
     base, use_uvloop = split_impl(args.impl)
     prof = None
@@ -1392,6 +1417,9 @@ def target_argv(name: str, port: int, engine_port: int, args: argparse.Namespace
                  "--worker-urls", f"http://{upstream}", "--policy", "round_robin",
                  "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
                  "--log-level", "warn"], {})
+    if name == "chatfleet":
+        return ([sys.executable, str(SCRIPT), "chatfleet-gateway", "--port", str(port),
+                 "--upstream", upstream], {})
     python = args.starlette_python if split_impl(name)[0] in UVICORN_IMPLS else sys.executable
     argv = [python, str(SCRIPT), "relay", "--impl", name, "--port", str(port),
             "--upstream", upstream]
@@ -1457,6 +1485,11 @@ def summarize(runs: list[dict[str, Any]], direct: list[dict[str, Any]]) -> dict[
 
 
 PROFILE_BUCKETS = (
+    ("chatfleet: the pass-through (upstream.py)", ("chatfleet/gateway/upstream.py",)),
+    ("chatfleet: histogram updates (metrics.py)",
+     ("chatfleet/gateway/metrics.py",)),
+    ("chatfleet: per request (app, relay, fleet, config, errors)", ("chatfleet/gateway/",)),
+    ("chatfleet core (admission, routing, prompt)", ("chatfleet/core/",)),
     ("aiohttp server", ("aiohttp/web_", "aiohttp/http_writer", "aiohttp/base_protocol",
                         "aiohttp/_http_writer", "aiohttp/abc")),
     ("aiohttp client", ("aiohttp/",)),
@@ -1545,6 +1578,8 @@ def cmd_run(args: argparse.Namespace) -> None:
             skipped[name] = "needs --starlette-python (uvicorn, httptools, starlette, httpx)"
             impls.remove(name)
     targets = ["direct", *impls]
+    if args.chatfleet:
+        targets.append("chatfleet")
     if args.peer_litellm:
         targets.append("litellm")
     if args.peer_router:
@@ -1687,6 +1722,8 @@ def main(argv: list[str] | None = None) -> None:
                           "Nagle stalls, which a client with delayed ACKs sees")
     run.add_argument("--impls", default=",".join(DEFAULT_IMPLS))
     run.add_argument("--starlette-python", default=None)
+    run.add_argument("--chatfleet", action="store_true",
+                     help="measure `chatfleet gateway` (in this Python) as a target")
     run.add_argument("--peer-litellm", default=None, metavar="PYTHON")
     run.add_argument("--peer-router", default=None, metavar="BIN")
     run.add_argument("--profile", default=None, metavar="DIR")
@@ -1706,6 +1743,11 @@ def main(argv: list[str] | None = None) -> None:
     rel.add_argument("--upstream", required=True, help="HOST:PORT of the engine")
     rel.add_argument("--profile", default=None, metavar="FILE")
     rel.set_defaults(func=cmd_relay)
+    gwp = sub.add_parser("chatfleet-gateway", help="chatfleet gateway in front of the engine")
+    gwp.add_argument("--port", type=int, required=True)
+    gwp.add_argument("--upstream", required=True, help="HOST:PORT of the engine")
+    gwp.add_argument("--profile", default=None, metavar="FILE")
+    gwp.set_defaults(func=cmd_chatfleet)
 
     cli = sub.add_parser("client", help="the load client")
     common(cli)

@@ -199,6 +199,18 @@ def test_a_stream_idle_past_its_timeout_is_cut(fakes2: list[Fake]) -> None:
         assert g.gateway.metrics.requests["timeout"] == 1
 
 
+def test_a_stream_past_the_total_timeout_is_cut(fakes2: list[Fake]) -> None:
+    cfg = gateway_config([f.url for f in fakes2], timeouts={"total_s": 0.6, "idle_s": 5})
+    with gateway(cfg) as g:
+        t0 = time.monotonic()
+        r = chat(g.url, {"chunks": 40, "gap_s": 0.05})
+        assert time.monotonic() - t0 < 1.9
+        evs = events(r)
+        assert evs[-1]["error"]["code"] == 502 and len(evs) < 40
+        assert g.gateway.metrics.requests["timeout"] == 1
+        assert wait_for(lambda: sum(f.aborted for f in fakes2) == 1)
+
+
 def test_a_head_that_never_comes_is_a_504(fakes2: list[Fake]) -> None:
     cfg = gateway_config([fakes2[0].url], names=["f0"], timeouts={"first_byte_s": 0.3})
     with gateway(cfg) as g:

@@ -62,7 +62,12 @@ class Relay:
 
     async def run(self, request: web.Request, call: Call) -> web.StreamResponse:
         gw = self.gw
-        d = await gw.fleet.acquire(call.fleet_request)
+        try:
+            d = await gw.fleet.acquire(call.fleet_request)
+        except asyncio.CancelledError:  # the client left while queued
+            gw.metrics.client_disconnects += 1
+            gw.metrics.requests["cancelled"] += 1
+            raise
         if d.shed:
             gw.metrics.requests["shed"] += 1
             return errors.shed(d, call.request_id)
@@ -181,7 +186,7 @@ class Relay:
             if transport is None or transport.is_closing():
                 raise ConnectionResetError
             ex.start(transport)
-            watch = gw.watch(ex)
+            watch = gw.watch(ex, call.arrival)
             try:
                 await asyncio.shield(ex.done)
             finally:
