@@ -29,12 +29,15 @@ demo: $(STAMP)
 		--lengths uniform --range-convention vllm --range-ratio 0.5 \
 		--concurrency 1,2,4,8,16,32,64 --json $(OUT)/twin-l4-fp8.json
 
-# Debian packages the tests use: chromium (the report's rendering test). Installed when
-# missing and when we may (root); otherwise that one test skips and says why.
+# Debian packages the tests use: chromium (the report's rendering test) and redis-server (the
+# gateways' shared state). Installed when missing and when we may (root); otherwise the tests
+# that need them skip and say why.
 system-deps:
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
-	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium) \
-	  || echo "chromium missing: the report rendering test will skip"; }
+	@missing=""; command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	  command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	  [ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing) \
+	  || echo "missing:$$missing: the tests that need them will skip"; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -25,6 +25,8 @@ def gateway(
     config: Path | None = typer.Option(None, help="YAML or JSON config file: keys, the shared "
                                        "prompt, timeouts, routing (docs/gateway.md). Watched "
                                        "and reloaded when it changes."),
+    state: str = typer.Option("memory", help="Where gateways share caps and sessions: memory "
+                              "(one gateway) or redis://HOST:PORT/DB (several)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(8080, help="Port to bind (0: any free port)."),
     hash_key: bool = typer.Option(False, "--hash-key", help="Read an API key on stdin, print "
@@ -51,10 +53,12 @@ def gateway(
         overrides = Overrides(tuple(replica), cap, queue_depth)
         cfg = overrides.apply(load_config(config))
         from chatfleet.gateway.app import Gateway, step_time_for
+        from chatfleet.gateway.state import backend_from
 
+        backend = backend_from(state)
         gw = Gateway(cfg, config_path=config, overrides=overrides,
-                     step_time=step_time_for(cfg))
-    except ConfigError as exc:
+                     step_time=step_time_for(cfg), state=backend)
+    except (ConfigError, ValueError) as exc:
         fail(str(exc))
 
     async def main() -> None:
@@ -63,9 +67,11 @@ def gateway(
         running = await start(gw, host, port)
         out.print(running.url, highlight=False)
         auth = f"{len(cfg.keys)} API keys" if cfg.keys else "no API keys (open)"
+        where = "in process" if not backend.shared else state
+        up = "" if gw.shared.up else " (unreachable: local share of each cap until it answers)"
         console.print(f"gateway: {len(cfg.replicas)} replicas, cap {cfg.cap} each, queue "
-                      f"{cfg.queue_depth}, {auth}, shared prompt {cfg.shared_prompt.mode}; "
-                      "Ctrl-C stops, SIGHUP reloads the config")
+                      f"{cfg.queue_depth}, {auth}, shared prompt {cfg.shared_prompt.mode}, "
+                      f"state {where}{up}; Ctrl-C stops, SIGHUP reloads the config")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -32,6 +32,8 @@ from chatfleet.gateway.config import ConfigError, GatewayConfig, KeyConfig, Over
 from chatfleet.gateway.fleet import DecisionLog, LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics, exposition, registry
 from chatfleet.gateway.relay import Call, Relay, next_request_id
+from chatfleet.gateway.shared import SharedCaps
+from chatfleet.gateway.state import MemoryState, StateBackend, StateUnavailable
 from chatfleet.gateway.upstream import Exchange
 
 log = logging.getLogger("chatfleet.gateway")
@@ -66,16 +68,19 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig, *, config_path: Path | None = None,
                  overrides: Overrides | None = None, decisions: DecisionLog | None = None,
                  step_time: StepTimeModel | None = None,
-                 fleet_trace: FleetTrace | None = None) -> None:
+                 fleet_trace: FleetTrace | None = None,
+                 state: StateBackend | None = None) -> None:
         self.cfg = cfg
         self.config_path = config_path
         self.overrides = overrides or Overrides()
         self.decisions = decisions
         self.fleet_trace = fleet_trace
+        self.state: StateBackend = state if state is not None else MemoryState()
         self.metrics = GatewayMetrics()
         self._step_time = step_time or step_time_for(cfg)
         self.key_in_flight: Counter[str] = Counter()
         self._live_ids: set[str] = set()
+        self._publishing: set[asyncio.Task[None]] = set()
         self.prefix = PrefixCheck(cfg.shared_prompt)
         self._prefix_for = cfg.shared_prompt
         self._watched: dict[int, tuple[Exchange, float]] = {}
@@ -109,6 +114,8 @@ class Gateway:
         self.fleet = LiveFleet(self.cfg, self._step_time, self.metrics, self.decisions,
                                self.fleet_trace)
         self.registry = registry(self.metrics, self.fleet.gauges)
+        self.shared = SharedCaps(self.state, self.fleet, self.metrics)
+        await self.shared.start()
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.cfg.timeouts.probe_s))
         self._tasks = [asyncio.create_task(self._probe_loop()),
@@ -122,6 +129,7 @@ class Gateway:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.shared.close()
         self.fleet.close()
         if self._session is not None:
             await self._session.close()
@@ -201,6 +209,10 @@ class Gateway:
             rid = next_request_id()
         skey = session_key(request.headers, body)
         fleet = self.fleet
+        if skey is not None and self.shared.shared and self.shared.up \
+                and not fleet.core.is_returning(skey, arrival):
+            await self._adopt(skey)
+            arrival = self.loop.time()
         returning = is_returning(body) or fleet.core.is_returning(skey, arrival)
         freq = FleetRequest(rid, skey, arrival, returning)
         if key is not None and key.max_concurrent is not None \
@@ -223,6 +235,28 @@ class Gateway:
             self._live_ids.discard(rid)
             if key is not None:
                 self.key_in_flight[key.name] -= 1
+
+    async def _adopt(self, key: str) -> None:
+        """A session this gateway does not know: where did another gateway place it?"""
+        try:
+            replica = await self.state.get_session(key)
+        except StateUnavailable:
+            return
+        if replica is not None and replica in self.fleet.replicas:
+            self.fleet.core.adopt_session(key, replica, self.loop.time())
+
+    def remember_session(self, key: str | None, replica: str) -> None:
+        """Publish where a session runs now (fire and forget: the next turn may come in
+        through another gateway)."""
+        if key is None or not self.shared.shared or not self.shared.up:
+            return
+        task = asyncio.create_task(self._publish(key, replica))
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+
+    async def _publish(self, key: str, replica: str) -> None:
+        with contextlib.suppress(StateUnavailable):
+            await self.state.set_session(key, replica, self.cfg.routing.session_ttl_s)
 
     async def _read_json(self, request: web.Request) -> dict[str, Any]:
         limit = self.cfg.max_body_bytes

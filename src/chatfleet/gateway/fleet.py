@@ -72,6 +72,8 @@ class LiveFleet:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self.cfg = cfg
+        self.others: dict[str, int] = {}  # slots other gateways hold, per replica (shared.py)
+        self.share = 1  # > 1: the shared store is down; each cap is split this many ways
         self.core = Fleet({}, fleet_settings(cfg), step_time, trace)
         self.ac = self.core.ac  # reads only: every change goes through self.core
         self.router = self.core.router
@@ -79,6 +81,29 @@ class LiveFleet:
 
     def now(self) -> float:
         return self.loop.time()
+
+    def effective_cap(self, rep: LiveReplica) -> int:
+        """The cap this gateway's core enforces: the replica's cap minus what other gateways
+        hold; with the shared store down, this gateway's share of it."""
+        if self.share > 1:
+            return max(1, rep.cap // self.share) if rep.cap > 0 else 0
+        return max(0, rep.cap - self.others.get(rep.name, 0))
+
+    def set_others(self, others: dict[str, int]) -> None:
+        self.others = others
+        self._push_caps()
+
+    def set_share(self, share: int) -> None:
+        self.share = max(1, share)
+        self._push_caps()
+
+    def _push_caps(self) -> None:
+        now = self.now()
+        decisions: list[Decision] = []
+        for name, rep in self.replicas.items():
+            if rep.serving and self.ac.cap(name) != self.effective_cap(rep):
+                decisions += self.core.set_cap(name, self.effective_cap(rep), now)
+        self.dispatch(decisions)
 
     # --- configuration ------------------------------------------------------------------------
     def apply(self, cfg: GatewayConfig) -> None:
@@ -101,11 +126,11 @@ class LiveFleet:
             cap = cfg.replica_cap(rc)
             known = self.replicas.get(name)
             if known is None:
-                self.replicas[name] = LiveReplica(
-                    rc, cap, Pool(rc.host, rc.port),
-                    ReplicaHealth(cfg.health.eject_after_failures,
-                                  cfg.health.readmit_after_successes))
-                decisions += self.core.add_replica(name, cap, now)
+                new = LiveReplica(rc, cap, Pool(rc.host, rc.port),
+                                  ReplicaHealth(cfg.health.eject_after_failures,
+                                                cfg.health.readmit_after_successes))
+                self.replicas[name] = new
+                decisions += self.core.add_replica(name, self.effective_cap(new), now)
                 continue
             rep = known
             rep.config = rc
@@ -114,14 +139,14 @@ class LiveFleet:
             if rep.cap != cap:
                 rep.cap = cap
                 if rep.serving:
-                    decisions += self.core.set_cap(name, cap, now)
+                    decisions += self.core.set_cap(name, self.effective_cap(rep), now)
         self.dispatch(decisions)
 
     def set_cap(self, name: str, cap: int) -> None:
         rep = self.replicas[name]
         rep.cap = cap
         if rep.serving:
-            self.dispatch(self.core.set_cap(name, cap, self.now()))
+            self.dispatch(self.core.set_cap(name, self.effective_cap(rep), self.now()))
 
     def _take_out(self, rep: LiveReplica, now: float) -> list[Decision]:
         if rep.serving:
@@ -146,7 +171,7 @@ class LiveFleet:
             self.dispatch(self.core.remove_replica(rep.name, now))
             rep.pool.close()
         elif t == "readmitted" and not rep.removed:
-            self.dispatch(self.core.add_replica(rep.name, rep.cap, now))
+            self.dispatch(self.core.add_replica(rep.name, self.effective_cap(rep), now))
 
     # --- admission ----------------------------------------------------------------------------
     def offer(self, req: FleetRequest) -> Decision | asyncio.Future[Decision]:
@@ -236,7 +261,8 @@ class LiveFleet:
             in_flight={n: self.ac.in_flight(n) for n in self.replicas},
             caps={n: r.cap for n, r in self.replicas.items()},
             healthy={n: r.serving for n, r in self.replicas.items()},
-            sessions=sessions, routes={str(k): v for k, v in self.core.num_routes.items()})
+            sessions=sessions, routes={str(k): v for k, v in self.core.num_routes.items()},
+            state_up=int(self.share == 1), others=dict(self.others))
 
     def close(self) -> None:
         if self._timer is not None:

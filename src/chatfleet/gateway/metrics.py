@@ -60,6 +60,8 @@ class GatewayMetrics:
     client_disconnects: int = 0
     prefix_mismatches: int = 0
     reloads: int = 0
+    lease_conflicts: int = 0  # another gateway took the last slot first
+    state_failures: int = 0  # times the shared store stopped answering
     chunks: int = 0
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
@@ -73,6 +75,8 @@ class Gauges:
     healthy: dict[str, bool]
     sessions: int
     routes: dict[str, int]  # admissions by routing rule (core.fleet.Fleet.num_routes)
+    state_up: int = 1  # 0 while the shared store is unreachable
+    others: dict[str, int] = field(default_factory=dict)  # slots other gateways hold
 
 
 class _Collector:
@@ -114,6 +118,10 @@ class _Collector:
             ("prefix_mismatches", m.prefix_mismatches, "Requests whose prompt prefix differs "
              "from the canonical shared prompt (pass-through mode)."),
             ("config_reloads", m.reloads, "Configuration reloads applied."),
+            ("lease_conflicts", m.lease_conflicts, "Admissions undone because another gateway "
+             "took the replica's last slot first (the request went back to the queue)."),
+            ("state_failures", m.state_failures, "Times the shared state store stopped "
+             "answering (each cap fell back to this gateway's share)."),
             ("chunks", m.chunks, "Stream chunks relayed."),
         ):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
@@ -125,9 +133,13 @@ class _Collector:
                                 value=g.queue_depth)
         yield GaugeMetricFamily(PREFIX + "sessions", "Live sessions in the session table.",
                                 value=g.sessions)
+        yield GaugeMetricFamily(PREFIX + "state_up", "1 while the shared state store answers "
+                                "(always 1 with --state memory).", value=g.state_up)
         for name, values, doc in (
             ("in_flight", g.in_flight, "Requests in flight per replica."),
-            ("cap", g.caps, "Per-replica cap on requests in flight."),
+            ("cap", g.caps, "Per-replica cap on requests in flight (fleet-wide)."),
+            ("other_gateways_in_flight", g.others, "Requests other gateways have in flight "
+             "per replica (shared state)."),
             ("replica_healthy", {k: int(v) for k, v in g.healthy.items()},
              "1 when the replica takes requests, 0 when ejected."),
         ):

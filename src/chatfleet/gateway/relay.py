@@ -50,6 +50,7 @@ class Call:
     headers: dict[str, str] = field(default_factory=dict)  # extra response headers
     replica: str | None = None
     slot_held: bool = False
+    lease: str | None = None  # the shared store's lease on the slot
 
 
 def next_request_id() -> str:
@@ -62,25 +63,42 @@ class Relay:
 
     async def run(self, request: web.Request, call: Call) -> web.StreamResponse:
         gw = self.gw
-        try:
-            d = await gw.fleet.acquire(call.fleet_request)
-        except asyncio.CancelledError:  # the client left while queued
-            gw.metrics.client_disconnects += 1
-            gw.metrics.requests["cancelled"] += 1
-            raise
-        if d.shed:
-            gw.metrics.requests["shed"] += 1
-            return errors.shed(d, call.request_id)
-        assert d.replica is not None
-        call.replica, call.slot_held = d.replica, True
+        while True:
+            try:
+                d = await gw.fleet.acquire(call.fleet_request)
+            except asyncio.CancelledError:  # the client left while queued
+                gw.metrics.client_disconnects += 1
+                gw.metrics.requests["cancelled"] += 1
+                raise
+            if d.shed:
+                gw.metrics.requests["shed"] += 1
+                return errors.shed(d, call.request_id)
+            assert d.replica is not None
+            call.replica, call.slot_held = d.replica, True
+            if await self._lease(call):
+                break
+            # another gateway took the replica's last slot first: back to the queue (its
+            # deadline unchanged); the core now knows the slot is gone
+            self._release(call)
+        gw.remember_session(call.fleet_request.session_key, d.replica)
         try:
             return await self._exchange(request, call)
         finally:
             self._release(call)
 
+    async def _lease(self, call: Call) -> bool:
+        assert call.replica is not None
+        rep = self.gw.fleet.replicas.get(call.replica)
+        cap = rep.cap if rep is not None else 0
+        call.lease = await self.gw.shared.acquire(call.replica, cap)
+        return call.lease is not None
+
     def _release(self, call: Call) -> None:
         if call.slot_held and call.replica is not None:
             call.slot_held = False
+            if call.lease is not None:
+                self.gw.shared.release(call.replica, call.lease)
+                call.lease = None
             self.gw.fleet.release(call.replica)
 
     async def _exchange(self, request: web.Request, call: Call) -> web.StreamResponse:
@@ -106,7 +124,7 @@ class Relay:
                     fresh = True  # a keep-alive connection the replica had closed
                     continue
                 gw.fleet.report(call.replica, ok=False)
-                if retried or not self._retry_elsewhere(call):
+                if retried or not await self._retry_elsewhere(call):
                     gw.metrics.requests["error"] += 1
                     return errors.error(502, "no replica could take the request",
                                         code="upstream_unavailable")
@@ -126,7 +144,7 @@ class Relay:
             if status >= 500 or status == 429:
                 ex.abort_upstream()
                 gw.fleet.report(call.replica, ok=status == 429)
-                if not retried and self._retry_elsewhere(call):
+                if not retried and await self._retry_elsewhere(call):
                     retried, fresh = True, False
                     continue
                 gw.metrics.requests["error"] += 1
@@ -138,15 +156,18 @@ class Relay:
                 return errors.upstream_status(status)
             return await self._relay(request, call, ex, length)
 
-    def _retry_elsewhere(self, call: Call) -> bool:
+    async def _retry_elsewhere(self, call: Call) -> bool:
         assert call.replica is not None
         failed = call.replica
         self._release(call)
         d = self.gw.fleet.admit_elsewhere(call.fleet_request, failed)
         if d is None or d.replica is None:
             return False
-        self.gw.metrics.retries += 1
         call.replica, call.slot_held = d.replica, True
+        if not await self._lease(call):
+            self._release(call)
+            return False
+        self.gw.metrics.retries += 1
         return True
 
     def _timer(self, call: Call) -> Any:

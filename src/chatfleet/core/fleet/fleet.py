@@ -120,6 +120,13 @@ class Fleet:
             return None
         return self._note([ac.admit(request, best[0], now)], now)[0]
 
+    def adopt_session(self, key: str, replica: str, now: float) -> None:
+        """Another gateway placed this session on `replica` (the shared session map): make
+        that its home here too, unless this gateway already knows a live entry for it."""
+        self._record(now, "adopt_session", key, replica)
+        if self.router is not None and self.router.sessions.get(key, now) is None:
+            self.router.sessions.place(key, replica, now)
+
     def observe_usage(self, key: str | None, prompt_tokens: int | None,
                       cached_tokens: int | None, now: float) -> None:
         self._record(now, "observe_usage", key, prompt_tokens, cached_tokens)
