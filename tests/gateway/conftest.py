@@ -34,9 +34,9 @@ def sse(i: int, text: str, usage: dict[str, Any] | None = None) -> bytes:
 @dataclass
 class Fake:
     """One fake replica. A request's body may carry `"fake": {...}`: chunks (int), gap_s,
-    die_after (chunks, then the connection is cut), status (answer that status with a body
-    holding a secret), head_delay_s. `mode` = "ok" | "fail" (503 to everything, /health
-    included) applies to the whole replica."""
+    die_after (chunks, then the connection is cut), pad (characters added to each chunk),
+    status (answer that status with a body holding a secret), head_delay_s. `mode` = "ok" |
+    "fail" (503 to everything, /health included) applies to the whole replica."""
 
     name: str
     url: str = ""
@@ -86,7 +86,7 @@ class Fake:
                         assert request.transport is not None
                         request.transport.abort()
                         return resp
-                    await resp.write(sse(i, f"t{i} "))
+                    await resp.write(sse(i, f"t{i} " + "x" * int(spec.get("pad", 0))))
                     await asyncio.sleep(gap)
                 await resp.write(sse(n, "", usage))
                 await resp.write(b"data: [DONE]\n\n")

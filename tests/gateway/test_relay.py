@@ -168,6 +168,24 @@ def test_a_client_disconnect_aborts_the_upstream_request(fakes2: list[Fake]) -> 
         assert all(g.gateway.fleet.ac.in_flight(n) == 0 for n in ("f0", "f1"))
 
 
+def test_a_client_that_does_not_read_is_cut_off_before_it_costs_memory(
+        fakes2: list[Fake]) -> None:
+    """40 chunks of 200 KB to a client that reads nothing: once more than 1 MiB of its
+    answer waits in the gateway (after the kernel's buffers fill), it is cut off and the
+    upstream request aborted."""
+    with gateway(gateway_config([fakes2[0].url], names=["f0"])) as g:
+        host, port = g.url.removeprefix("http://").split(":")
+        data = orjson.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True,
+                             "fake": {"chunks": 40, "gap_s": 0.001, "pad": 200_000}})
+        with socket.create_connection((host, int(port))) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                      b"%d\r\n\r\n%s" % (len(data), data))
+            assert wait_for(lambda: g.gateway.metrics.slow_clients == 1, 20)
+        assert wait_for(lambda: fakes2[0].aborted == 1)
+        assert fakes2[0].completed == 0
+
+
 def test_a_client_that_leaves_while_queued_leaves_the_queue(fakes2: list[Fake]) -> None:
     cfg = gateway_config([fakes2[0].url], names=["f0"], cap=1, queue_depth=4,
                          ttft_budget_s=30)

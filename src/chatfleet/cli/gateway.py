@@ -55,7 +55,7 @@ def gateway(
         from chatfleet.gateway.app import Gateway, step_time_for
         from chatfleet.gateway.state import backend_from
 
-        backend = backend_from(state)
+        backend = backend_from(state, cfg.state.timeout_s, cfg.state.lease_ttl_s)
         gw = Gateway(cfg, config_path=config, overrides=overrides,
                      step_time=step_time_for(cfg), state=backend)
     except (ConfigError, ValueError) as exc:

@@ -114,7 +114,9 @@ class Gateway:
         self.fleet = LiveFleet(self.cfg, self._step_time, self.metrics, self.decisions,
                                self.fleet_trace)
         self.registry = registry(self.metrics, self.fleet.gauges)
-        self.shared = SharedCaps(self.state, self.fleet, self.metrics)
+        st = self.cfg.state
+        self.shared = SharedCaps(self.state, self.fleet, self.metrics, refresh_s=st.refresh_s,
+                                 renew_s=st.lease_ttl_s / 3)
         await self.shared.start()
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.cfg.timeouts.probe_s))

@@ -84,6 +84,16 @@ class Health:
 
 
 @dataclass(frozen=True, slots=True)
+class StateSettings:
+    """The shared store (--state redis://...): how long a lease lives unrenewed (a crashed
+    gateway's slots come back after it), how often the counts are read, each call's timeout."""
+
+    lease_ttl_s: float = 15.0
+    refresh_s: float = 0.05
+    timeout_s: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
 class Routing:
     affinity: bool = True
     session_ttl_s: float = 600.0
@@ -111,6 +121,7 @@ class GatewayConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     health: Health = field(default_factory=Health)
     routing: Routing = field(default_factory=Routing)
+    state: StateSettings = field(default_factory=StateSettings)
     shared_prompt: SharedPrompt = field(default_factory=SharedPrompt)
     served_model_name: str | None = None  # None: ask the replicas
 
@@ -237,7 +248,7 @@ def _check_hash(value: object, where: str) -> str:
 
 TOP_KEYS = {"replicas", "cap", "queue_depth", "ttft_budget_s", "prefill_reserve_s",
             "prioritize_returning", "max_body_bytes", "debug_headers", "keys", "admin",
-            "timeouts", "health", "routing", "shared_prompt", "served_model_name"}
+            "timeouts", "health", "routing", "shared_prompt", "served_model_name", "state"}
 
 
 def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
@@ -248,6 +259,11 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
         raise ConfigError("replicas: must be a list")
     replicas = tuple(parse_replica(r, i) for i, r in enumerate(replicas_raw))
     t_raw, h_raw, r_raw = (_section(raw, n) for n in ("timeouts", "health", "routing"))
+    s_raw = _section(raw, "state")
+    _known(s_raw, "state", set(StateSettings.__dataclass_fields__))
+    sd = StateSettings()
+    state = StateSettings(**{k: _num(s_raw, k, getattr(sd, k), "state")
+                             for k in StateSettings.__dataclass_fields__})
     _known(t_raw, "timeouts", set(Timeouts.__dataclass_fields__))
     _known(h_raw, "health", set(Health.__dataclass_fields__))
     _known(r_raw, "routing", set(Routing.__dataclass_fields__))
@@ -290,7 +306,7 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
         max_body_bytes=_num(raw, "max_body_bytes", d.max_body_bytes, "config", integer=True),
         debug_headers=_bool(raw, "debug_headers", d.debug_headers, "config"),
         keys=_keys(raw.get("keys")), admin_sha256=admin_hash, timeouts=timeouts,
-        health=health, routing=routing, shared_prompt=shared,
+        health=health, routing=routing, state=state, shared_prompt=shared,
         served_model_name=_str(raw, "served_model_name", None, "config"))
     return check(cfg)
 

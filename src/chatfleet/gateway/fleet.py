@@ -74,6 +74,7 @@ class LiveFleet:
         self.cfg = cfg
         self.others: dict[str, int] = {}  # slots other gateways hold, per replica (shared.py)
         self.share = 1  # > 1: the shared store is down; each cap is split this many ways
+        self.state_up = True  # the shared store answers (always, in memory)
         self.core = Fleet({}, fleet_settings(cfg), step_time, trace)
         self.ac = self.core.ac  # reads only: every change goes through self.core
         self.router = self.core.router
@@ -262,7 +263,7 @@ class LiveFleet:
             caps={n: r.cap for n, r in self.replicas.items()},
             healthy={n: r.serving for n, r in self.replicas.items()},
             sessions=sessions, routes={str(k): v for k, v in self.core.num_routes.items()},
-            state_up=int(self.share == 1), others=dict(self.others))
+            state_up=int(self.state_up), others=dict(self.others))
 
     def close(self) -> None:
         if self._timer is not None:

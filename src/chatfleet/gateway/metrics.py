@@ -60,6 +60,7 @@ class GatewayMetrics:
     client_disconnects: int = 0
     prefix_mismatches: int = 0
     reloads: int = 0
+    slow_clients: int = 0  # cut off for not reading their answer
     lease_conflicts: int = 0  # another gateway took the last slot first
     state_failures: int = 0  # times the shared store stopped answering
     chunks: int = 0
@@ -118,6 +119,8 @@ class _Collector:
             ("prefix_mismatches", m.prefix_mismatches, "Requests whose prompt prefix differs "
              "from the canonical shared prompt (pass-through mode)."),
             ("config_reloads", m.reloads, "Configuration reloads applied."),
+            ("slow_clients", m.slow_clients, "Clients cut off because more than 1 MiB of "
+             "their answer sat unread in the gateway."),
             ("lease_conflicts", m.lease_conflicts, "Admissions undone because another gateway "
              "took the replica's last slot first (the request went back to the queue)."),
             ("state_failures", m.state_failures, "Times the shared state store stopped "

@@ -214,6 +214,8 @@ class Relay:
                 gw.unwatch(watch)
         except asyncio.CancelledError:
             ex.abort_upstream()
+            if ex.slow_client:
+                gw.metrics.slow_clients += 1
             gw.metrics.client_disconnects += 1
             gw.metrics.requests["cancelled"] += 1
             raise
@@ -223,6 +225,8 @@ class Relay:
             gw.metrics.requests["cancelled"] += 1
             return resp
         except UpstreamError:
+            if ex.slow_client:
+                gw.metrics.slow_clients += 1
             if ex.client_gone:
                 gw.metrics.client_disconnects += 1
                 gw.metrics.requests["cancelled"] += 1

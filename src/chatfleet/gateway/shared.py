@@ -150,9 +150,11 @@ class SharedCaps:
                       "gateway's share (1/%d)", exc, self.instances)
             self.metrics.state_failures += 1
         self.up = False
+        self.fleet.state_up = False
         self.fleet.set_share(self.instances)
 
     def _recovered(self) -> None:
         log.warning("shared state is back: fleet-wide caps again")
         self.up = True
+        self.fleet.state_up = True
         self.fleet.set_share(1)

@@ -203,10 +203,11 @@ class RedisState:
         return max(1, int(n))
 
 
-def backend_from(spec: str, timeout_s: float = 0.5) -> StateBackend:
+def backend_from(spec: str, timeout_s: float = 0.5,
+                 lease_ttl_s: float = LEASE_TTL_S) -> StateBackend:
     """`memory`, or `redis://HOST:PORT/DB`."""
     if spec == "memory":
         return MemoryState()
     if spec.startswith(("redis://", "rediss://", "unix://")):
-        return RedisState(spec, timeout_s=timeout_s)
+        return RedisState(spec, timeout_s=timeout_s, lease_ttl_s=lease_ttl_s)
     raise ValueError(f"--state must be memory or redis://HOST:PORT/DB, not {spec!r}")

@@ -26,6 +26,9 @@ MAX_HEAD_BYTES = 64 * 1024
 IDLE_CONNECTION_MAX_S = 4.0  # uvicorn (SGLang, vLLM) closes idle keep-alive after 5 s
 MAX_IDLE_PER_REPLICA = 1024
 TAIL_READS = 3
+# a client that lets this much of its answer pile up unread in the gateway is cut off: its
+# upstream request is aborted, and the gateway's memory per stream stays bounded
+MAX_CLIENT_BUFFER = 1024 * 1024
 
 
 class UpstreamError(ConnectionError):
@@ -61,6 +64,7 @@ class Exchange:
         self.num_chunks = 0
         self.client_gone = False
         self.timed_out = False  # aborted by the gateway's idle or total timeout
+        self.slow_client = False  # cut off: its unread answer passed MAX_CLIENT_BUFFER
         self.last_read = loop.time()
         self.up: Upstream | None = None
 
@@ -85,6 +89,12 @@ class Exchange:
                 return
             else:
                 client.write(data)
+                if client.get_write_buffer_size() > MAX_CLIENT_BUFFER:
+                    self.slow_client = True
+                    self.client_gone = True
+                    client.abort()
+                    self.abort_upstream()
+                    return
         if chunks:
             self.num_chunks += chunks
             if self.on_chunks is not None:
