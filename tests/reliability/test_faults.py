@@ -7,7 +7,6 @@ import concurrent.futures
 import json
 import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -195,5 +194,3 @@ def test_a_slow_client_gets_its_answer_and_slows_no_one(tmp_path: Path) -> None:
     assert all(r["outcome"] == "ok" for r in others)
     assert fast_s < slow_s
 
-
-_ = subprocess  # the fleet fixture's processes are subprocess.Popen objects

@@ -49,12 +49,6 @@ class RunningGateway:
     async def close(self) -> None:
         await self.runner.cleanup()
 
-    def call(self, fn: object, *args: object) -> object:
-        """Run `fn(*args)` on the gateway's loop and return its result (tests)."""
-        async def run() -> object:
-            return fn(*args)  # type: ignore[operator]
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
-
 
 async def start(gw: Gateway, host: str = "127.0.0.1", port: int = 0) -> RunningGateway:
     quiet_bad_requests()
