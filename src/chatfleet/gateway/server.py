@@ -3,11 +3,9 @@ benchmarks (`serve_in_thread`)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -15,6 +13,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from chatfleet.gateway.app import Gateway
+from chatfleet.threads import running_in_thread
 
 BACKLOG = 4096
 
@@ -44,7 +43,6 @@ class RunningGateway:
     gateway: Gateway
     runner: web.AppRunner
     url: str
-    loop: asyncio.AbstractEventLoop
 
     async def close(self) -> None:
         await self.runner.cleanup()
@@ -63,7 +61,7 @@ async def start(gw: Gateway, host: str = "127.0.0.1", port: int = 0) -> RunningG
         raise
     sock: socket.socket = site._server.sockets[0]  # type: ignore[union-attr]
     bound = sock.getsockname()[1]
-    return RunningGateway(gw, runner, f"http://{host}:{bound}", asyncio.get_running_loop())
+    return RunningGateway(gw, runner, f"http://{host}:{bound}")
 
 
 @contextlib.contextmanager
@@ -73,38 +71,6 @@ def serve_in_thread(gw: Gateway, host: str = "127.0.0.1",
     background thread."""
     import uvloop
 
-    loop = uvloop.new_event_loop()
-    started = threading.Event()
-    box: dict[str, object] = {}
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-
-        async def boot() -> None:
-            try:
-                box["gw"] = await start(gw, host, port)
-            except BaseException as exc:  # reported to the caller
-                box["err"] = exc
-            started.set()
-
-        box["boot"] = loop.create_task(boot())
-        loop.run_forever()
-
-    t = threading.Thread(target=main, name="gateway", daemon=True)
-    t.start()
-    started.wait(60)
-    if "err" in box or "gw" not in box:
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(10)
-        raise box.get("err") or RuntimeError("the gateway did not start")  # type: ignore[misc]
-    running = box["gw"]
-    assert isinstance(running, RunningGateway)
-    try:
+    with running_in_thread(lambda: start(gw, host, port), name="gateway",
+                           loop=uvloop.new_event_loop()) as running:
         yield running
-    finally:
-        fut = asyncio.run_coroutine_threadsafe(running.close(), loop)
-        with contextlib.suppress(Exception):
-            fut.result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(30)
-        loop.close()

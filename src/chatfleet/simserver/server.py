@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +15,7 @@ from chatfleet.datasets import load_qwen_tokenizer
 from chatfleet.simserver.app import ReplicaApp
 from chatfleet.simserver.generation import AnswerMaker
 from chatfleet.simserver.replica import Replica, TraceWriter
+from chatfleet.threads import running_in_thread
 
 GC_GEN0_THRESHOLD = 20_000
 
@@ -85,38 +84,5 @@ async def start(cfg: ServerConfig) -> RunningServer:
 @contextlib.contextmanager
 def serve_in_thread(cfg: ServerConfig) -> Iterator[RunningServer]:
     """Run the simserver on its own event loop in a background thread (tests, benchmarks)."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    box: dict[str, object] = {}
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-
-        async def boot() -> None:
-            try:
-                box["srv"] = await start(cfg)
-            except BaseException as exc:  # reported to the caller
-                box["err"] = exc
-            started.set()
-
-        box["boot"] = loop.create_task(boot())
-        loop.run_forever()
-
-    t = threading.Thread(target=main, name="simserver", daemon=True)
-    t.start()
-    started.wait(60)
-    if "err" in box:
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(10)
-        raise box["err"]  # type: ignore[misc]
-    srv = box["srv"]
-    assert isinstance(srv, RunningServer)
-    try:
+    with running_in_thread(lambda: start(cfg), name="simserver") as srv:
         yield srv
-    finally:
-        fut = asyncio.run_coroutine_threadsafe(srv.close(), loop)
-        with contextlib.suppress(Exception):
-            fut.result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(30)
-        loop.close()
