@@ -67,6 +67,13 @@ class GatewayMetrics:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
 
+    def client_left(self, slow: bool = False) -> None:
+        """A request ended because its client went away (or was cut off for not reading)."""
+        self.client_disconnects += 1
+        self.requests["cancelled"] += 1
+        if slow:
+            self.slow_clients += 1
+
 
 @dataclass(frozen=True, slots=True)
 class Gauges:
@@ -87,32 +94,20 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         m, g = self.m, self.gauges()
-        c = CounterMetricFamily(PREFIX + "requests", "Requests by outcome (ok, shed, error, "
-                                "cancelled, timeout, rejected).", labels=["outcome"])
-        for k, v in sorted(m.requests.items()):
-            c.add_metric([k], v)
-        yield c
-        c = CounterMetricFamily(PREFIX + "shed", "Requests answered 429, by reason.",
-                                labels=["reason"])
-        for k, v in sorted(m.shed.items()):
-            c.add_metric([k], v)
-        yield c
-        c = CounterMetricFamily(PREFIX + "routes", "Admissions by routing rule: hit (the "
-                                "session's home), spill (elsewhere), least_loaded (no session).",
-                                labels=["rule"])
-        for k, v in sorted(g.routes.items()):
-            c.add_metric([k], v)
-        yield c
-        c = CounterMetricFamily(PREFIX + "upstream_failures", "Failed exchanges with a "
-                                "replica.", labels=["replica"])
-        for k, v in sorted(m.upstream_failures.items()):
-            c.add_metric([k], v)
-        yield c
-        c = CounterMetricFamily(PREFIX + "ejections", "Times a replica was ejected.",
-                                labels=["replica"])
-        for k, v in sorted(m.ejections.items()):
-            c.add_metric([k], v)
-        yield c
+        for name, label, values, doc in (
+            ("requests", "outcome", m.requests, "Requests by outcome (ok, shed, error, "
+             "cancelled, timeout, rejected)."),
+            ("shed", "reason", m.shed, "Requests answered 429, by reason."),
+            ("routes", "rule", g.routes, "Admissions by routing rule: hit (the session's "
+             "home), spill (elsewhere), least_loaded (no session)."),
+            ("upstream_failures", "replica", m.upstream_failures,
+             "Failed exchanges with a replica."),
+            ("ejections", "replica", m.ejections, "Times a replica was ejected."),
+        ):
+            c = CounterMetricFamily(PREFIX + name, doc, labels=[label])
+            for k, v in sorted(values.items()):
+                c.add_metric([k], v)
+            yield c
         for name, value, doc in (
             ("retries", m.retries, "Requests retried on another replica before a byte."),
             ("client_disconnects", m.client_disconnects, "Clients that left mid-request."),

@@ -67,8 +67,7 @@ class Relay:
             try:
                 d = await gw.fleet.acquire(call.fleet_request)
             except asyncio.CancelledError:  # the client left while queued
-                gw.metrics.client_disconnects += 1
-                gw.metrics.requests["cancelled"] += 1
+                gw.metrics.client_left()
                 raise
             if d.shed:
                 gw.metrics.requests["shed"] += 1
@@ -138,8 +137,7 @@ class Relay:
                                     f"{t.first_byte_s:g} s", code="upstream_timeout")
             except asyncio.CancelledError:
                 ex.abort_upstream()
-                gw.metrics.client_disconnects += 1
-                gw.metrics.requests["cancelled"] += 1
+                gw.metrics.client_left()
                 raise
             if status >= 500 or status == 429:
                 ex.abort_upstream()
@@ -214,22 +212,15 @@ class Relay:
                 gw.unwatch(watch)
         except asyncio.CancelledError:
             ex.abort_upstream()
-            if ex.slow_client:
-                gw.metrics.slow_clients += 1
-            gw.metrics.client_disconnects += 1
-            gw.metrics.requests["cancelled"] += 1
+            gw.metrics.client_left(ex.slow_client)
             raise
         except ConnectionResetError:
             ex.abort_upstream()
-            gw.metrics.client_disconnects += 1
-            gw.metrics.requests["cancelled"] += 1
+            gw.metrics.client_left()
             return resp
         except UpstreamError:
-            if ex.slow_client:
-                gw.metrics.slow_clients += 1
             if ex.client_gone:
-                gw.metrics.client_disconnects += 1
-                gw.metrics.requests["cancelled"] += 1
+                gw.metrics.client_left(ex.slow_client)
                 resp.force_close()
                 return resp
             gw.metrics.requests["timeout" if ex.timed_out else "error"] += 1
