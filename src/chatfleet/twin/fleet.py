@@ -27,7 +27,14 @@ from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec, Workload, WorkloadConfig
 from chatfleet.twin.loop import Event, EventLoop
-from chatfleet.twin.run import PointRun, engine_block, gpu_block, kick, make_record
+from chatfleet.twin.run import (
+    PointRun,
+    add_request,
+    engine_block,
+    gpu_block,
+    kick,
+    make_record,
+)
 
 MAX_RETRIES = 20
 
@@ -138,17 +145,10 @@ class _FleetRun:
         spec = att.spec
         req = EngineRequest(rid, spec.prompt_ids(), spec.output_ids(), spec.max_new_tokens)
         att.replica, att.req = i, req
-        sched = self.scheds[i]
-        sched.add_request(req, now)
         inflight = self.fleet.ac.in_flight(self.names[i])
         self.max_in_flight[i] = max(self.max_in_flight[i], inflight)
-        if sched.in_flight is not None:
-            new_end = sched.truncate_decode_run(now)
-            if new_end is None:
-                return []
-            self.step_gen[i] += 1
-            return [self.loop.at(new_end, self.step_end, (i, self.step_gen[i]))]
-        return self.kick(i, now)
+        return add_request(self.loop, self.scheds, self.step_gen, i, req, now, self.horizon,
+                           self.step_end)
 
     def shed(self, d: Decision, att: _Attempt, now: float) -> list[Event]:
         rid = d.request.request_id

@@ -63,16 +63,8 @@ class _Run:
         i = self.route(spec, self.scheds)
         self.specs[spec.request_id] = spec
         self.reqs[spec.request_id] = (i, req)
-        sched = self.scheds[i]
-        sched.add_request(req, now)
-        if sched.in_flight is not None:
-            # a decode run must stop after the step running now, so the scheduler sees this
-            new_end = sched.truncate_decode_run(now)
-            if new_end is None:
-                return []
-            self.step_gen[i] += 1
-            return [self.loop.at(new_end, self.step_end, (i, self.step_gen[i]))]
-        return self._kick(i, now)
+        return add_request(self.loop, self.scheds, self.step_gen, i, req, now, self.horizon,
+                           self.step_end)
 
     def open_arrival(self, spec: RequestSpec, now: float) -> Iterable[Event]:
         assert isinstance(self.driver, OpenLoop)
@@ -120,6 +112,22 @@ def kick(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int, 
         return []
     step_gen[i] += 1
     return [loop.at(step.end, step_end, (i, step_gen[i]))]
+
+
+def add_request(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int,
+                req: EngineRequest, now: float, horizon: float,
+                step_end: Callable[[tuple[int, int], float], Iterable[Event]]) -> list[Event]:
+    """Hand `req` to replica i's scheduler: a decode run in progress must stop after the step
+    running now (so the scheduler sees the request), an idle replica starts a step."""
+    sched = scheds[i]
+    sched.add_request(req, now)
+    if sched.in_flight is not None:
+        new_end = sched.truncate_decode_run(now)
+        if new_end is None:
+            return []
+        step_gen[i] += 1
+        return [loop.at(new_end, step_end, (i, step_gen[i]))]
+    return kick(loop, scheds, step_gen, i, now, horizon, step_end)
 
 
 def make_record(sched: Scheduler, replica: str, spec: RequestSpec, req: EngineRequest,
