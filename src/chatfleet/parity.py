@@ -15,7 +15,7 @@ from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, summarize_point
-from chatfleet.core.workload import ClosedLoop, Workload, WorkloadConfig
+from chatfleet.core.workload import ClosedLoop, Workload, WorkloadConfig, driver_for
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
 from chatfleet.twin.run import run_point
 
@@ -181,7 +181,6 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any
     `fleet` is a twin.fleet.FleetConfig."""
     from chatfleet.core.engine.build import step_time_model
     from chatfleet.core.fleet.fleet import FleetTrace, replay
-    from chatfleet.core.workload import OpenLoop
     from chatfleet.gateway.app import Gateway
     from chatfleet.gateway.config import GatewayConfig, Overrides, Routing
     from chatfleet.gateway.fleet import DecisionLog, fleet_settings
@@ -215,12 +214,7 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any
             async def main() -> DriveResult:
                 async with make_session() as session:
                     workload = Workload(wcfg, random.Random(seed))
-                    driver: ClosedLoop | OpenLoop
-                    if load["mode"] == "closed":
-                        driver = ClosedLoop(workload, int(load["concurrency"]))
-                    else:
-                        driver = OpenLoop(workload, float(load["rate_rps"]),
-                                          float(load.get("burstiness", 1.0)), arrival_times)
+                    driver = driver_for(load, workload, arrival_times)
                     return await drive([g.url], driver,
                                        completions_with_ids("qwen3-8b", send_rid=True),
                                        window_end=end, drain_s=120.0, clock=Clock(1.0),

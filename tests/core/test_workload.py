@@ -18,6 +18,7 @@ from chatfleet.core.workload import (
     Workload,
     WorkloadConfig,
     WorkloadError,
+    driver_for,
     segment_tokens,
 )
 
@@ -325,3 +326,12 @@ def test_an_open_loop_can_follow_a_trace_of_arrival_times() -> None:
     assert got[:3] == [0.5, 0.5, 2.0] and got[3] == float("inf")
     with pytest.raises(WorkloadError):
         OpenLoop(wl, rate=1.0, arrival_times=[1.0, 0.5])
+
+
+def test_driver_for_reads_the_load_point() -> None:
+    wl = Workload(WorkloadConfig(), random.Random(1))
+    closed_loop = driver_for({"mode": "closed", "concurrency": 3}, wl)
+    assert isinstance(closed_loop, ClosedLoop) and closed_loop.users == 3
+    open_loop = driver_for({"mode": "open", "rate_rps": 2.0, "burstiness": 0.5}, wl, [1.0])
+    assert isinstance(open_loop, OpenLoop)
+    assert (open_loop.rate, open_loop.burstiness, open_loop.arrival_times) == (2.0, 0.5, [1.0])

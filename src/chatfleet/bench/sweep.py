@@ -35,7 +35,12 @@ from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
 from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
 from chatfleet.core.metrics import SLO, bisect_next, find_knee, load_value, summarize_point
-from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec, Workload, WorkloadConfig
+from chatfleet.core.workload import (
+    RequestSpec,
+    Workload,
+    WorkloadConfig,
+    driver_for,
+)
 from chatfleet.engines import EngineAdapter, get_adapter
 
 FLUSH_TRIES = 3
@@ -186,12 +191,7 @@ class LiveSweep:
             if not flushed:
                 reasons.append(f"unflushed: {detail}")
         workload = Workload(c.wcfg, random.Random(seed))
-        driver: ClosedLoop | OpenLoop
-        if load["mode"] == "closed":
-            driver = ClosedLoop(workload, int(load["concurrency"]))
-        else:
-            driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness",
-                                                                                  1.0)))
+        driver = driver_for(load, workload)
         payload = self.payload()  # before the clock starts: loading a tokenizer takes time
         reset = getattr(payload, "reset", None)
         if reset is not None:

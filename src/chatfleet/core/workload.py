@@ -15,9 +15,9 @@ import itertools
 import math
 import random
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -375,3 +375,14 @@ class OpenLoop:
             del self._sessions[spec.session_id]
             return None
         return self.workload.next_turn(s, now + self.workload.think_time(s))
+
+
+def driver_for(load: Mapping[str, Any], workload: Workload,
+               arrival_times: Sequence[float] | None = None) -> ClosedLoop | OpenLoop:
+    """The driver a load point names: {"mode": "closed", "concurrency": N} or {"mode": "open",
+    "rate_rps": R, "burstiness": B (default 1)}; `arrival_times` makes an open loop follow a
+    trace."""
+    if load["mode"] == "closed":
+        return ClosedLoop(workload, int(load["concurrency"]))
+    return OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)),
+                    arrival_times)

@@ -25,7 +25,14 @@ from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
-from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec, Workload, WorkloadConfig
+from chatfleet.core.workload import (
+    ClosedLoop,
+    OpenLoop,
+    RequestSpec,
+    Workload,
+    WorkloadConfig,
+    driver_for,
+)
 from chatfleet.twin.loop import Event, EventLoop
 from chatfleet.twin.run import (
     PointRun,
@@ -229,12 +236,7 @@ def run_fleet_point(
         prefill_reserve_s=fleet.prefill_reserve_s, affinity=fleet.affinity,
         shared_prefix_tokens=wcfg.system_prompt_tokens), scheds[0].step_model, trace)
     workload = Workload(wcfg, random.Random(seed))
-    driver: ClosedLoop | OpenLoop
-    if load["mode"] == "closed":
-        driver = ClosedLoop(workload, int(load["concurrency"]))
-    else:
-        driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)),
-                          arrival_times)
+    driver = driver_for(load, workload, arrival_times)
     loop = EventLoop()
     window_end = warmup_s + duration_s
     run = _FleetRun(scheds, names, loop, driver, core, window_end,

@@ -20,7 +20,14 @@ from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.metrics import SLO, summarize_point, sweep_document
 from chatfleet.core.records import RequestRecord
-from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec, Workload, WorkloadConfig
+from chatfleet.core.workload import (
+    ClosedLoop,
+    OpenLoop,
+    RequestSpec,
+    Workload,
+    WorkloadConfig,
+    driver_for,
+)
 from chatfleet.twin.loop import Event, EventLoop
 
 Load = dict[str, Any]
@@ -185,11 +192,7 @@ def run_point(
     workload = Workload(wcfg, rng)
     loop = EventLoop()
     window_end = warmup_s + duration_s
-    driver: ClosedLoop | OpenLoop
-    if load["mode"] == "closed":
-        driver = ClosedLoop(workload, int(load["concurrency"]))
-    else:
-        driver = OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)))
+    driver = driver_for(load, workload)
     run = _Run(scheds, loop, driver, window_end, route, horizon=window_end + drain_s,
                step_gen=[0] * replicas)
     if isinstance(driver, ClosedLoop):
