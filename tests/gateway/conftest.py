@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -113,6 +114,27 @@ class Fake:
         app.router.add_get("/health", health)
         app.router.add_get("/v1/models", models)
         return app
+
+
+def raw_post(body: bytes | dict[str, Any], *, path: str = "/v1/chat/completions",
+             headers: str = "Content-Type: application/json\r\n") -> bytes:
+    """The bytes of a POST, written by hand (no client library would send the odd ones)."""
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s"
+            % (path.encode(), headers.encode(), len(data), data))
+
+
+@contextlib.contextmanager
+def raw_connection(url: str, request: bytes, *, timeout: float | None = 10,
+                   rcvbuf: int | None = None) -> Iterator[socket.socket]:
+    """A plain socket to `url` that has sent `request` (rcvbuf: a small receive buffer, for a
+    client that reads slowly or not at all)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        if rcvbuf is not None:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        s.sendall(request)
+        yield s
 
 
 @contextlib.contextmanager

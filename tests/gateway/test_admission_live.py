@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from chatfleet.core.fleet.routing import rendezvous_top
 from chatfleet.gateway.config import hash_key
 from tests.gateway.conftest import Fake, fake_replicas, gateway, gateway_config
-from tests.gateway.test_relay import chat, wait_for
+from tests.gateway.test_relay import chat, in_background, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,12 +29,10 @@ def test_above_the_queue_requests_are_shed_with_retry_after(fakes2: list[Fake]) 
     cfg = gateway_config([fakes2[0].url], names=["f0"], cap=1, queue_depth=1,
                          ttft_budget_s=30)
     with gateway(cfg) as g:
-        first = threading.Thread(target=chat, args=(g.url, {"chunks": 40, "gap_s": 0.02}))
-        first.start()
-        assert wait_for(lambda: g.gateway.fleet.ac.in_flight("f0") == 1)
-        second = threading.Thread(target=chat, args=(g.url, {"chunks": 1}))
-        second.start()
-        assert wait_for(lambda: g.gateway.fleet.ac.queue_depth() == 1)
+        first = in_background(g.url, {"chunks": 40, "gap_s": 0.02},
+                              lambda: g.gateway.fleet.ac.in_flight("f0") == 1)
+        second = in_background(g.url, {"chunks": 1},
+                               lambda: g.gateway.fleet.ac.queue_depth() == 1)
         r = chat(g.url, {"chunks": 1})
         assert r.status_code == 429
         assert r.json()["error"]["code"] == "queue_full"
@@ -50,9 +48,8 @@ def test_a_request_queued_past_its_deadline_is_shed_not_sent(fakes2: list[Fake])
     cfg = gateway_config([fakes2[0].url], names=["f0"], cap=1, queue_depth=8,
                          ttft_budget_s=0.3)
     with gateway(cfg) as g:
-        first = threading.Thread(target=chat, args=(g.url, {"chunks": 50, "gap_s": 0.02}))
-        first.start()
-        assert wait_for(lambda: g.gateway.fleet.ac.in_flight("f0") == 1)
+        first = in_background(g.url, {"chunks": 50, "gap_s": 0.02},
+                              lambda: g.gateway.fleet.ac.in_flight("f0") == 1)
         t0 = time.monotonic()
         r = chat(g.url, {"chunks": 1})
         waited = time.monotonic() - t0
@@ -113,10 +110,8 @@ def test_keys_limits_and_admin(fakes2: list[Fake], tmp_path: Path) -> None:
         assert chat(g.url, headers=auth("sk-wrong")).status_code == 401
         assert chat(g.url, headers=auth(BOB)).status_code == 200
         # alice may have one request at a time
-        t = threading.Thread(target=chat, args=(g.url, {"chunks": 40, "gap_s": 0.02}),
-                             kwargs={"headers": auth(ALICE)})
-        t.start()
-        assert wait_for(lambda: g.gateway.key_in_flight["alice"] == 1)
+        t = in_background(g.url, {"chunks": 40, "gap_s": 0.02},
+                          lambda: g.gateway.key_in_flight["alice"] == 1, auth(ALICE))
         r = chat(g.url, headers=auth(ALICE))
         assert r.status_code == 429 and r.json()["error"]["code"] == "key_limit"
         assert "Retry-After" in r.headers

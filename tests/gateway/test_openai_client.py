@@ -3,7 +3,6 @@ passed through, and a 429 it understands (retry-after-ms)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -12,7 +11,7 @@ import pytest
 
 from chatfleet.simserver.server import serve_in_thread as simserver
 from tests.gateway.conftest import Fake, gateway, gateway_config
-from tests.gateway.test_relay import chat, wait_for
+from tests.gateway.test_relay import in_background
 from tests.simserver.conftest import config
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,9 +81,8 @@ def test_a_shed_request_is_a_rate_limit_error_the_client_can_retry(
         fakes2: list[Fake]) -> None:
     cfg = gateway_config([fakes2[0].url], names=["f0"], cap=1, queue_depth=0)
     with gateway(cfg) as g:
-        t = threading.Thread(target=chat, args=(g.url, {"chunks": 60, "gap_s": 0.02}))
-        t.start()
-        assert wait_for(lambda: g.gateway.fleet.ac.in_flight("f0") == 1)
+        t = in_background(g.url, {"chunks": 60, "gap_s": 0.02},
+                          lambda: g.gateway.fleet.ac.in_flight("f0") == 1)
         with client(g.url) as c, pytest.raises(openai.RateLimitError) as err:
             c.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
         assert err.value.response.headers["retry-after-ms"].isdigit()

@@ -4,14 +4,23 @@ the first byte, disconnects, timeouts, and what never leaks from an upstream."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import pytest
 import requests
 
-from tests.gateway.conftest import HTTP_TIMEOUT, Fake, gateway, gateway_config
+from tests.gateway.conftest import (
+    HTTP_TIMEOUT,
+    Fake,
+    gateway,
+    gateway_config,
+    raw_connection,
+    raw_post,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,6 +33,16 @@ def chat(url: str, fake: dict[str, Any] | None = None, stream: bool = True,
         payload["fake"] = fake
     return requests.post(url + "/v1/chat/completions", json=payload, headers=headers,
                          timeout=HTTP_TIMEOUT)
+
+
+def in_background(url: str, fake: dict[str, Any], until: Callable[[], bool],
+                  headers: dict[str, str] | None = None) -> threading.Thread:
+    """Send a chat request from a thread and return once `until()` holds (its slot taken,
+    say); join the thread to wait for its answer."""
+    t = threading.Thread(target=chat, args=(url, fake), kwargs={"headers": headers})
+    t.start()
+    assert wait_for(until)
+    return t
 
 
 def events(resp: requests.Response) -> list[Any]:
@@ -144,11 +163,7 @@ def test_a_replica_that_dies_mid_stream_ends_with_an_sse_error(fakes2: list[Fake
 
 def raw_stream(url: str, keep_chunks: int, body: dict[str, Any]) -> None:
     """Send a streaming request, read until `keep_chunks` SSE events arrived, then close."""
-    host, port = url.removeprefix("http://").split(":")
-    data = orjson.dumps(body)
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                  b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
+    with raw_connection(url, raw_post(body)) as s:
         got = b""
         while got.count(b"data: ") < keep_chunks:
             chunk = s.recv(65536)
@@ -174,13 +189,9 @@ def test_a_client_that_does_not_read_is_cut_off_before_it_costs_memory(
     answer waits in the gateway (after the kernel's buffers fill), it is cut off and the
     upstream request aborted."""
     with gateway(gateway_config([fakes2[0].url], names=["f0"])) as g:
-        host, port = g.url.removeprefix("http://").split(":")
-        data = orjson.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True,
-                             "fake": {"chunks": 40, "gap_s": 0.001, "pad": 200_000}})
-        with socket.create_connection((host, int(port))) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                      b"%d\r\n\r\n%s" % (len(data), data))
+        body = {"messages": [{"role": "user", "content": "x"}], "stream": True,
+                "fake": {"chunks": 40, "gap_s": 0.001, "pad": 200_000}}
+        with raw_connection(g.url, raw_post(body), timeout=None, rcvbuf=4096):
             assert wait_for(lambda: g.gateway.metrics.slow_clients == 1, 20)
         assert wait_for(lambda: fakes2[0].aborted == 1)
         assert fakes2[0].completed == 0
@@ -190,16 +201,10 @@ def test_a_client_that_leaves_while_queued_leaves_the_queue(fakes2: list[Fake]) 
     cfg = gateway_config([fakes2[0].url], names=["f0"], cap=1, queue_depth=4,
                          ttft_budget_s=30)
     with gateway(cfg) as g:
-        import threading
-
-        t = threading.Thread(target=chat, args=(g.url, {"chunks": 30, "gap_s": 0.02}))
-        t.start()
-        assert wait_for(lambda: g.gateway.fleet.ac.in_flight("f0") == 1)
-        host, port = g.url.removeprefix("http://").split(":")
-        data = orjson.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True})
-        with socket.create_connection((host, int(port))) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                      b"%d\r\n\r\n%s" % (len(data), data))
+        t = in_background(g.url, {"chunks": 30, "gap_s": 0.02},
+                          lambda: g.gateway.fleet.ac.in_flight("f0") == 1)
+        body = {"messages": [{"role": "user", "content": "x"}], "stream": True}
+        with raw_connection(g.url, raw_post(body), timeout=None):
             assert wait_for(lambda: g.gateway.fleet.ac.queue_depth() == 1)
         assert wait_for(lambda: g.gateway.fleet.ac.queue_depth() == 0)
         assert g.gateway.fleet.ac.num_cancelled == 1

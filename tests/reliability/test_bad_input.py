@@ -3,26 +3,23 @@ hang or a crash; the gateway serves normally afterwards."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import requests
 
+from tests.gateway.conftest import raw_connection, raw_post
 from tests.reliability.conftest import fleet, record
 from tests.reliability.test_faults import ask
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-CHAT = "/v1/chat/completions"
 MSG = b'{"role": "user", "content": "hi"}'
 
 
 def raw(url: str, data: bytes) -> int | None:
     """Send bytes as they are; the status code of the answer (None: closed without one)."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(data)
+    with raw_connection(url, data) as s:
         got = b""
         while b"\r\n" not in got:
             part = s.recv(4096)
@@ -32,33 +29,28 @@ def raw(url: str, data: bytes) -> int | None:
     return int(got.split(b" ", 2)[1])
 
 
-def post(body: bytes, headers: str = "Content-Type: application/json\r\n",
-         path: str = CHAT) -> bytes:
-    return (b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s"
-            % (path.encode(), headers.encode(), len(body), body))
-
-
 CASES: list[tuple[str, bytes]] = [
-    ("a 5 MiB body", post(b'{"messages": [' + MSG + b'], "x": "' + b"a" * (5 << 20) + b'"}')),
-    ("invalid UTF-8 in the JSON", post(b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}')),
-    ("not JSON", post(b"messages=hi")),
-    ("an empty body", post(b"")),
-    ("JSON null", post(b"null")),
-    ("JSON nested 100,000 deep", post(b"[" * 100_000 + b"]" * 100_000)),
-    ("messages as a string", post(b'{"messages": "hi"}')),
-    ("a message without a role", post(b'{"messages": [{"content": "hi"}]}')),
-    ("max_tokens as a string", post(b'{"messages": [' + MSG + b'], "max_tokens": "ten"}')),
-    ("max_tokens negative", post(b'{"messages": [' + MSG + b'], "max_tokens": -5}')),
-    ("max_tokens 10^12", post(b'{"messages": [' + MSG + b'], "max_tokens": 1000000000000}')),
-    ("stream as a string", post(b'{"messages": [' + MSG + b'], "stream": "yes"}')),
-    ("temperature as a string", post(b'{"messages": [' + MSG + b'], "temperature": "hot"}')),
-    ("prompt as a number (completions)", post(b'{"prompt": 42}', path="/v1/completions")),
+    ("a 5 MiB body", raw_post(b'{"messages": [' + MSG + b'], "x": "' + b"a" * (5 << 20) + b'"}')),
+    ("invalid UTF-8 in the JSON",
+     raw_post(b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}')),
+    ("not JSON", raw_post(b"messages=hi")),
+    ("an empty body", raw_post(b"")),
+    ("JSON null", raw_post(b"null")),
+    ("JSON nested 100,000 deep", raw_post(b"[" * 100_000 + b"]" * 100_000)),
+    ("messages as a string", raw_post(b'{"messages": "hi"}')),
+    ("a message without a role", raw_post(b'{"messages": [{"content": "hi"}]}')),
+    ("max_tokens as a string", raw_post(b'{"messages": [' + MSG + b'], "max_tokens": "ten"}')),
+    ("max_tokens negative", raw_post(b'{"messages": [' + MSG + b'], "max_tokens": -5}')),
+    ("max_tokens 10^12", raw_post(b'{"messages": [' + MSG + b'], "max_tokens": 1000000000000}')),
+    ("stream as a string", raw_post(b'{"messages": [' + MSG + b'], "stream": "yes"}')),
+    ("temperature as a string", raw_post(b'{"messages": [' + MSG + b'], "temperature": "hot"}')),
+    ("prompt as a number (completions)", raw_post(b'{"prompt": 42}', path="/v1/completions")),
     ("a CRLF header injection in X-Session-ID",
-     post(b'{"messages": [' + MSG + b']}',
+     raw_post(b'{"messages": [' + MSG + b']}',
           headers="X-Session-ID: a\r\n\r\nGET /admin/replicas HTTP/1.1\r\n")),
-    ("a bare LF in a header value", post(b'{"messages": [' + MSG + b']}',
+    ("a bare LF in a header value", raw_post(b'{"messages": [' + MSG + b']}',
                                           headers="X-Session-ID: a\nX-Evil: 1\r\n")),
-    ("a 64 KiB header", post(b'{"messages": [' + MSG + b']}',
+    ("a 64 KiB header", raw_post(b'{"messages": [' + MSG + b']}',
                              headers="X-Session-ID: " + "s" * 65536 + "\r\n")),
     ("a Content-Length that lies (longer than the body)",
      b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{}"),
@@ -67,9 +59,9 @@ CASES: list[tuple[str, bytes]] = [
     ("broken chunked framing",
      b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
      b"zz\r\n{}\r\n0\r\n\r\n"),
-    ("an unknown path", post(b"{}", path="/v1/nothing")),
-    ("the admin API without its key", post(b"{}", path="/admin/reload")),
-    ("a path with ../", post(b"{}", path="/v1/../admin/replicas")),
+    ("an unknown path", raw_post(b"{}", path="/v1/nothing")),
+    ("the admin API without its key", raw_post(b"{}", path="/admin/reload")),
+    ("a path with ../", raw_post(b"{}", path="/v1/../admin/replicas")),
 ]
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 import requests
 
+from tests.gateway.conftest import raw_connection, raw_post
 from tests.gateway.redis_server import redis_server
 from tests.gateway.test_relay import wait_for
 from tests.reliability.conftest import Fleet, fleet, metric, record
@@ -158,14 +158,10 @@ def test_redis_killed_and_restarted(tmp_path: Path) -> None:
 
 
 def slow_reader(url: str, tokens: int, delay_s: float) -> tuple[bool, float]:
-    host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"model": "qwen3-8b", "messages": [{"role": "user", "content": "x"}],
-                       "max_tokens": tokens, "ignore_eos": True, "stream": True}).encode()
+    body = {"model": "qwen3-8b", "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": tokens, "ignore_eos": True, "stream": True}
     t0 = time.monotonic()
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                  b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    with raw_connection(url, raw_post(body), timeout=30, rcvbuf=4096) as s:
         got = b""
         while not got.endswith(b"0\r\n\r\n"):
             part = s.recv(512)
