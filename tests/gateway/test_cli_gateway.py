@@ -3,9 +3,7 @@ hot reload on SIGHUP, and a clean stop on SIGINT."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,8 @@ from typer.testing import CliRunner
 
 from chatfleet.cli import app
 from tests.gateway.test_relay import wait_for
-from tests.simserver.test_cli_simserver import CHATFLEET, read_urls
+from tests.processes import spawn, stop
+from tests.simserver.test_cli_simserver import read_urls
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -40,24 +39,6 @@ def test_hash_key_reads_stdin() -> None:
     assert res.exit_code == 0
     assert res.output.strip() == ("sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a1"
                                   "1ef721d1542d8")
-
-
-def spawn(*args: str) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    return subprocess.Popen([str(CHATFLEET), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            assert proc.wait(20) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    return proc.stderr.read().decode() if proc.stderr else ""
 
 
 def test_the_gateway_process_serves_reloads_and_stops(tmp_path: Path) -> None:
@@ -88,10 +69,10 @@ def test_the_gateway_process_serves_reloads_and_stops(tmp_path: Path) -> None:
             return 'chatfleet_gateway_cap{replica="a"} 2.0' in m and 'replica="b"' not in m
 
         assert wait_for(reloaded, 10)
-        stderr = stop(gw)
+        assert stop(gw, 20) == 0
+        stderr = gw.stderr.read().decode() if gw.stderr else ""
         assert "Traceback" not in stderr, stderr
     finally:
-        if gw is not None and gw.poll() is None:
-            gw.kill()
-            gw.wait(10)
-        stop(sim)
+        if gw is not None:
+            stop(gw)
+        assert stop(sim, 20) == 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,7 +21,8 @@ import requests
 import yaml
 
 from tests.gateway.redis_server import redis_server
-from tests.simserver.test_cli_simserver import CHATFLEET, read_urls
+from tests.processes import spawn, stop
+from tests.simserver.test_cli_simserver import read_urls
 
 RESULTS: list[dict[str, Any]] = []
 ROOT = Path(__file__).parents[2]
@@ -42,24 +42,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": RESULTS}, indent=1))
     tmp.replace(out)
-
-
-def spawn(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    return subprocess.Popen([str(CHATFLEET), *args], stdout=subprocess.PIPE,
-                            stderr=open(log, "wb"), env=env)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGCONT)
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def rss_mib(pid: int) -> float:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import record, spawn, stop
-from tests.simserver.test_cli_simserver import CHATFLEET, read_urls
+from tests.processes import CHATFLEET, spawn, stop
+from tests.reliability.conftest import record
+from tests.simserver.test_cli_simserver import read_urls
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -7,7 +7,6 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,14 +15,12 @@ import requests
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
+from tests.processes import CHATFLEET, stop
 
 from .conftest import HTTP_TIMEOUT, post
 from .test_trace import check_trace_rows, read_trace
 
 pytestmark = pytest.mark.timeout(60)
-
-CHATFLEET = Path(sys.executable).with_name("chatfleet")
-
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--replicas", "0"], "--replicas"),
@@ -124,13 +121,7 @@ def test_non_finite_time_scale_exits_2(value: str) -> None:
         if rc is None and not served:
             rc = proc.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop(proc, 10)
     assert not served, f"--time-scale {value} was accepted: {served}"
     assert rc == 2
 
