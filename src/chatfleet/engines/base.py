@@ -355,6 +355,15 @@ class EngineAdapter:
         raise NotImplementedError(f"{self.name}: no launch command")
 
 
+def optional_flags(*pairs: tuple[str, str | int | float | None]) -> list[str]:
+    """`--flag value` for each pair whose value is set (floats written with %g)."""
+    out: list[str] = []
+    for flag, value in pairs:
+        if value is not None:
+            out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return out
+
+
 def as_precision(prec: Precision | str | tuple[str, str]) -> Precision:
     """A Precision, "fp8/fp8", "bf16" (both), or ("fp8", "bf16")."""
     if isinstance(prec, Precision):

@@ -18,6 +18,7 @@ from chatfleet.engines.base import (
     check_launch_args,
     get_json,
     mem_fraction_note,
+    optional_flags,
 )
 
 SGLANG_METRICS = MetricNames(
@@ -159,15 +160,10 @@ class SGLangAdapter(EngineAdapter):
         if p.kv_cache == "fp8":
             argv += ["--kv-cache-dtype", "fp8_e4m3"]
             notes.append("FP8 KV cache: check the log for the scale-1.0 fallback warning")
-        if mem_fraction is not None:
-            argv += ["--mem-fraction-static", f"{mem_fraction:g}"]
-        if max_running_requests is not None:
-            argv += ["--max-running-requests", str(max_running_requests)]
-        if context_length is not None:
-            argv += ["--context-length", str(context_length)]
-        if chunked_prefill_size is not None:
-            argv += ["--chunked-prefill-size", str(chunked_prefill_size)]
-        if served_model_name is not None:
-            argv += ["--served-model-name", served_model_name]
+        argv += optional_flags(("--mem-fraction-static", mem_fraction),
+                               ("--max-running-requests", max_running_requests),
+                               ("--context-length", context_length),
+                               ("--chunked-prefill-size", chunked_prefill_size),
+                               ("--served-model-name", served_model_name))
         argv += ["--enable-metrics", "--enable-cache-report", *extra]
         return LaunchCommand(argv, {}, notes)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from chatfleet.core.specs import Precision
-from chatfleet.engines.base import LaunchCommand, as_precision, check_launch_args
+from chatfleet.engines.base import LaunchCommand, as_precision, check_launch_args, optional_flags
 from chatfleet.engines.sglang import SGLangAdapter
 
 
@@ -30,10 +30,8 @@ class SimserverAdapter(SGLangAdapter):
         check_launch_args(mem_fraction, max_running_requests)
         argv = ["chatfleet", "simserver", "--model", model_path, "--weights", p.weights,
                 "--kv-cache", p.kv_cache, "--host", host, "--port", str(port or 0)]
-        if max_running_requests is not None:
-            argv += ["--max-running-requests", str(max_running_requests)]
-        if served_model_name is not None:
-            argv += ["--served-model-name", served_model_name]
+        argv += optional_flags(("--max-running-requests", max_running_requests),
+                               ("--served-model-name", served_model_name))
         notes = []
         if mem_fraction is not None or context_length is not None or chunked_prefill_size:
             notes.append("the simserver uses SGLang's default memory fraction, context and "

@@ -18,6 +18,7 @@ from chatfleet.engines.base import (
     check_launch_args,
     get_json,
     mem_fraction_note,
+    optional_flags,
 )
 from chatfleet.engines.prom import Metrics
 
@@ -179,15 +180,10 @@ class VLLMAdapter(EngineAdapter):
         if p.kv_cache == "fp8":
             argv += ["--kv-cache-dtype", "fp8"]
             notes.append("FP8 KV cache: check the log for 'Using KV cache scaling factor 1.0'")
-        if mem_fraction is not None:
-            argv += ["--gpu-memory-utilization", f"{mem_fraction:g}"]
-        if max_running_requests is not None:
-            argv += ["--max-num-seqs", str(max_running_requests)]
-        if context_length is not None:
-            argv += ["--max-model-len", str(context_length)]
-        if chunked_prefill_size is not None:
-            argv += ["--max-num-batched-tokens", str(chunked_prefill_size)]
-        if served_model_name is not None:
-            argv += ["--served-model-name", served_model_name]
+        argv += optional_flags(("--gpu-memory-utilization", mem_fraction),
+                               ("--max-num-seqs", max_running_requests),
+                               ("--max-model-len", context_length),
+                               ("--max-num-batched-tokens", chunked_prefill_size),
+                               ("--served-model-name", served_model_name))
         argv += ["--enable-prefix-caching", "--enable-prompt-tokens-details", *extra]
         return LaunchCommand(argv, {"VLLM_SERVER_DEV_MODE": "1"}, notes)
