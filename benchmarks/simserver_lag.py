@@ -143,7 +143,8 @@ class SimServer:
     with SIGINT (bounded, then SIGKILL), killed on any error."""
 
     def __init__(self, trace: Path, log: Path, pool_tokens: int | None,
-                 profile: Path | None = None, uvloop: bool = False) -> None:
+                 profile: Path | None = None, uvloop: bool = False,
+                 cpus: set[int] | None = None) -> None:
         args = ["simserver", "--weights", "fp8", "--kv-cache", "fp8", "--port", "0",
                 "--time-scale", str(TIME_SCALE), "--trace", str(trace)]
         if pool_tokens is not None:
@@ -156,14 +157,18 @@ class SimServer:
         else:
             self.argv = [str(CHATFLEET), *args]
         self.log = log
+        self.cpus = cpus  # pin the server to these CPUs (harness_accuracy.py --pin)
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> str:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        cpus = self.cpus
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
         with open(self.log, "ab") as err:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=err, env=env)
+                                         stdout=subprocess.PIPE, stderr=err, env=env,
+                                         preexec_fn=pin)
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         buf = b""
@@ -186,6 +191,16 @@ class SimServer:
                     if text.startswith("http://"):
                         self.url = text
                         return text
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds the server process has used so far (Linux /proc)."""
+        if self.proc is None:
+            return float("nan")
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         p = self.proc
