@@ -59,23 +59,22 @@ class SessionTable:
         replace the stored ones; when not, the stored ones stay."""
         entry = self.get(key, now)
         if entry is None:
-            entry = SessionEntry(replica, now, prompt_tokens, cached_tokens)
-        else:
-            entry.replica = replica
-            entry.last_seen = now
-            if prompt_tokens is not None:
-                entry.prompt_tokens = prompt_tokens
-            if cached_tokens is not None:
-                entry.cached_tokens = cached_tokens
-        self._touch(key, entry, now)
+            self._touch(key, SessionEntry(replica, now, prompt_tokens, cached_tokens), now)
+            return
+        entry.replica = replica
+        self._update(key, entry, prompt_tokens, cached_tokens, now)
 
     def observe_usage(self, key: str, prompt_tokens: int | None, cached_tokens: int | None,
                       now: float) -> None:
         """A turn of the session finished with this usage. Unknown sessions are ignored (the
         placement comes first, with `place`)."""
         entry = self.get(key, now)
-        if entry is None:
-            return
+        if entry is not None:
+            self._update(key, entry, prompt_tokens, cached_tokens, now)
+
+    def _update(self, key: str, entry: SessionEntry, prompt_tokens: int | None,
+                cached_tokens: int | None, now: float) -> None:
+        """Seen at `now`; token counts that are given replace the stored ones."""
         entry.last_seen = now
         if prompt_tokens is not None:
             entry.prompt_tokens = prompt_tokens
