@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from chatfleet.core.calibration import ASSUMED_BF16_GEMM_EFF, fit_l4
 from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
-from chatfleet.twin.run import run_sweep
+from chatfleet.twin.sweep import TwinSweep
 
 GRID = [1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32]
 EFFS = [0.35, 0.40, 0.45, ASSUMED_BF16_GEMM_EFF, 0.55, 0.60]
@@ -33,7 +34,7 @@ def main() -> None:
         knees = []
         for prec in ("bf16", "fp8"):
             spec = EngineSpec(gpu, model, precision(prec, prec), calibration=cal)
-            doc = run_sweep(spec, wcfg, loads, duration_s=300.0, warmup_s=30.0)
+            doc = TwinSweep(spec, wcfg, SLO(), duration_s=300.0, warmup_s=30.0).run(loads)
             knees.append(doc["knee"]["meets"])
         mark = "  <- assumed" if eff == ASSUMED_BF16_GEMM_EFF else ""
         print(f"{eff:13.2f} {cal.prefill_fixed_s * 1000:16.1f} {cal.gemm_eff['fp8']:12.3f} "

@@ -19,7 +19,7 @@ from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
-from chatfleet.twin.run import run_sweep
+from chatfleet.twin.sweep import TwinSweep
 
 SMALL = WorkloadConfig(system_prompt_tokens=256, lengths=LengthSpec("fixed", 64, 32))
 
@@ -134,7 +134,7 @@ def test_a_flushed_sweep_of_two_simservers_finds_the_twins_knees(tmp_path: Path)
     grids = {"bf16": closed(2, 4, 8), "fp8": closed(8, 16, 32)}
     for prec, loads in grids.items():
         eng = spec(prec)
-        twin = run_sweep(eng, wcfg, loads, duration_s=90.0, warmup_s=10.0, seed=21, slo=slo)
+        twin = TwinSweep(eng, wcfg, slo, duration_s=90.0, warmup_s=10.0, seed=21).run(loads)
         with serve_in_thread(ServerConfig(spec=eng, time_scale=10)) as srv:
             cfg = config(srv.urls, tmp_path / prec, loads, wcfg=wcfg, duration_s=90.0,
                          warmup_s=10.0, seed=21, slo=slo)

@@ -17,7 +17,7 @@ from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import WorkloadConfig
 from chatfleet.report import ReportInputError, build_report, load_sweep, load_sweeps
-from chatfleet.twin.run import run_sweep
+from chatfleet.twin.sweep import TwinSweep
 from tests.report.synth import INVALID_REASON, build_points, target
 
 MakeDir = Callable[..., Path]
@@ -185,9 +185,8 @@ def test_interrupted_dir_without_meta_is_labelled_by_its_folder(sweep_dir: MakeD
 
 def test_a_bare_twin_sweep_file_from_run_sweep(tmp_path: Path) -> None:
     spec = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
-    doc = run_sweep(spec, WorkloadConfig(),
-                    [{"mode": "closed", "concurrency": c} for c in (1, 8, 32)],
-                    duration_s=60, warmup_s=5)
+    doc = TwinSweep(spec, WorkloadConfig(), SLO(), duration_s=60, warmup_s=5).run(
+        [{"mode": "closed", "concurrency": c} for c in (1, 8, 32)])
     f = tmp_path / "twin" / "fp8.json"
     f.parent.mkdir()
     f.write_text(json.dumps(doc))

@@ -23,10 +23,11 @@ from chatfleet.cli.common import (
 from chatfleet.core.calibration import Calibration
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.engine.radix import EVICTION_POLICIES
-from chatfleet.core.metrics import SLO, sweep_document
+from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
-from chatfleet.twin.run import is_calibrated, run_point, target_block
+from chatfleet.twin.run import is_calibrated
+from chatfleet.twin.sweep import TwinSweep
 
 twin_app = typer.Typer(help="The engine twin: SGLang on a given GPU, in virtual time.",
                        no_args_is_help=True)
@@ -244,6 +245,9 @@ def sweep(
     itl_stat: str = typer.Option("mean", help="Per-request statistic: mean (TPOT), p99, max."),
     attainment: float = typer.Option(0.99, help="Share of requests that must meet the target."),
     cap_margin: int = typer.Option(0, help="Lower the recommended cap by this many grid steps."),
+    refine: bool = typer.Option(False, "--refine", help="Bisect each knee bracket with more "
+                                "points (closed loop to one user, open loop to 10%% of the "
+                                "rate)."),
     profile: Path | None = typer.Option(None, help="A calibration profile from `chatfleet "
                                         "twin calibrate` (replaces the built-in constants)."),
     replicas: int = typer.Option(1, help="Replicas behind the gateway's admission and routing "
@@ -281,38 +285,30 @@ def sweep(
         )
         slo = SLO(slo_ttft_ms, slo_tpot_ms, itl_stat, attainment)  # type: ignore[arg-type]
         loads = build_loads(concurrency, rate, arrival)
-        workload = {**wcfg.to_json(), "duration_s": duration, "warmup_s": warmup, "seed": seed}
-        target = target_block(spec)
-        points: list[dict[str, Any]] = []
-        doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
+        fleet = None
+        if cap is not None or replicas > 1:
+            from chatfleet.twin.fleet import FleetConfig
+
+            fleet = FleetConfig(replicas=replicas, cap=cap or spec.pool_plan().kv_pool_tokens,
+                                queue_depth=queue_depth, ttft_budget_s=slo.ttft_ms / 1000,
+                                prefill_reserve_s=prefill_reserve_ms / 1000,
+                                affinity=affinity, hop_s=hop_ms / 1000)
+        sweeper = TwinSweep(spec, wcfg, slo, duration_s=duration, warmup_s=warmup, seed=seed,
+                            fleet=fleet, cap_margin=cap_margin)
         title = (f"twin: {spec.model.name} on {spec.gpu.name}, {spec.precision.label}"
                  + ("" if is_calibrated(spec) else " (uncalibrated)"))
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task(title, total=len(loads))
-            fleet = None
-            if cap is not None or replicas > 1:
-                from chatfleet.twin.fleet import FleetConfig
 
-                fleet = FleetConfig(replicas=replicas, cap=cap or spec.pool_plan().kv_pool_tokens,
-                                    queue_depth=queue_depth, ttft_budget_s=slo.ttft_ms / 1000,
-                                    prefill_reserve_s=prefill_reserve_ms / 1000,
-                                    affinity=affinity, hop_s=hop_ms / 1000)
-                target["fleet"] = fleet.to_json()
-            for i, load in enumerate(loads):
-                if fleet is not None:
-                    from chatfleet.twin.fleet import run_fleet_point
-
-                    res = run_fleet_point(spec, wcfg, load, fleet, duration_s=duration,
-                                          warmup_s=warmup, seed=seed + i, slo=slo)
-                else:
-                    res = run_point(spec, wcfg, load, duration_s=duration, warmup_s=warmup,
-                                    seed=seed + i, slo=slo)
-                points.append(res.point)
-                doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
+            def on_point(partial: dict[str, Any]) -> None:
                 if json_out is not None:
-                    write_json_atomic(json_out, doc)
+                    write_json_atomic(json_out, partial)
+                if len(partial["points"]) > len(loads):  # a refinement point
+                    bar.update(task, total=len(partial["points"]))
                 bar.advance(task)
+
+            doc = sweeper.run(loads, refine=refine, on_point=on_point)
     if print_doc:
         print_json(doc)
         return

@@ -1,4 +1,4 @@
-"""Run the engine model in virtual time: one load point, or a sweep of them.
+"""Run the engine model in virtual time: one load point (twin/sweep.py runs sweeps of them).
 
 A point: a fresh (flushed) engine, a workload seeded with base seed + point index, a closed loop
 of N users or an open loop at a rate. Requests sent (closed) or scheduled (open) between the end
@@ -18,7 +18,7 @@ from chatfleet.core.calibration import thermal_profile
 from chatfleet.core.engine.build import EngineSpec, build_scheduler
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler
-from chatfleet.core.metrics import SLO, summarize_point, sweep_document
+from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import (
     ClosedLoop,
@@ -281,29 +281,3 @@ def target_block(spec: EngineSpec) -> dict[str, Any]:
     if spec.calibration is not None:
         block["calibration_source"] = spec.calibration.source
     return block
-
-
-def run_sweep(
-    spec: EngineSpec,
-    wcfg: WorkloadConfig,
-    loads: list[Load],
-    *,
-    duration_s: float = 300.0,
-    warmup_s: float = 30.0,
-    seed: int = 1,
-    slo: SLO | None = None,
-    cap_margin: int = 0,
-    on_point: Callable[[int, dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """Every load point on a fresh engine with seed base + index; the chatfleet.sweep/1 doc."""
-    slo = slo or SLO()
-    points = []
-    for i, load in enumerate(loads):
-        res = run_point(spec, wcfg, load, duration_s=duration_s, warmup_s=warmup_s,
-                        seed=seed + i, slo=slo)
-        points.append(res.point)
-        if on_point is not None:
-            on_point(i, res.point)
-    workload = {**wcfg.to_json(), "duration_s": duration_s, "warmup_s": warmup_s,
-                "seed": seed}
-    return sweep_document(target_block(spec), workload, slo, points, cap_margin=cap_margin)
