@@ -1,35 +1,203 @@
-"""`chatfleet plan`: KV pool sizing for a model on a GPU at given precisions."""
+"""`chatfleet plan`: KV pool sizing, and with `--users` the full answer (users per card for each
+precision, the caps, the fleet, doubled traffic, launch commands, the gateway config)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
+import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from chatfleet.cli.common import clean_errors, load_gpu, load_model, out, print_json
-from chatfleet.core.memory import plan_pool
+from chatfleet.cli.common import (
+    clean_errors,
+    console,
+    fail,
+    load_gpu,
+    load_model,
+    out,
+    parse_list,
+    print_json,
+    write_json_atomic,
+)
+from chatfleet.cli.twin import fmt
+from chatfleet.core.memory import PoolPlan, plan_pool
+from chatfleet.core.metrics import SLO
 
 
 def plan(
     gpu: str = typer.Option(
         "l4", help="GPU: l4, a10g, l40s, a100-40gb, a100-80gb, h100-sxm, h200."),
     model: str = typer.Option("qwen3-8b", help="Built-in model name or path to a config.json."),
-    weights: str = typer.Option("bf16", help="Weight precision: bf16 or fp8."),
-    kv_cache: str = typer.Option("bf16", "--kv-cache", help="KV cache precision: bf16 or fp8."),
+    weights: str = typer.Option("bf16", help="Pool sizing only: weight precision, bf16 or fp8."),
+    kv_cache: str = typer.Option("bf16", "--kv-cache", help="Pool sizing only: KV cache "
+                                 "precision, bf16 or fp8."),
     mem_fraction: float | None = typer.Option(
         None, help="SGLang's --mem-fraction-static; default: SGLang's rule for the card."),
-    request_tokens: int = typer.Option(640, help="Tokens one request adds (input + output)."),
+    request_tokens: int = typer.Option(640, help="Pool sizing only: tokens one request adds."),
     system_prompt_tokens: int = typer.Option(2048, help="Tokens of the shared system prompt."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    users: int | None = typer.Option(None, help="Concurrent users to serve: gives the full "
+                                     "answer (without it: pool sizing only)."),
+    sweep: list[Path] = typer.Option([], "--sweep", help="A chatfleet.sweep/1 file (or live "
+                                     "sweep DIR) per precision, instead of twin sweeps."),
+    accuracy: Path | None = typer.Option(None, help="A `chatfleet accuracy --out` result: a "
+                                         "precision outside its margin is not recommended."),
+    precisions: str = typer.Option("bf16,fp8", help="Precisions to sweep with the twin: bf16, "
+                                   "fp8, or W/KV such as fp8/bf16."),
+    headroom: float = typer.Option(0.2, help="Spare capacity for the fleet (0.2: 20%)."),
+    slo_ttft_ms: float = typer.Option(1000.0, help="TTFT target."),
+    slo_tpot_ms: float = typer.Option(100.0, help="Per-token target."),
+    itl_stat: str = typer.Option("mean", help="Per-request statistic: mean (TPOT), p99, max."),
+    attainment: float = typer.Option(0.99, help="Share of requests that must meet the target."),
+    input_len: int = typer.Option(512, help="Session profile: user tokens per turn (mean)."),
+    output_len: int = typer.Option(128, help="Session profile: answer tokens per turn (mean)."),
+    range_ratio: float = typer.Option(0.5, help="Lengths uniform within +-this share."),
+    turns: int = typer.Option(1, help="Session profile: turns per session."),
+    think_time: float = typer.Option(0.0, help="Session profile: mean think time, seconds."),
+    prompt_groups: int = typer.Option(1, help="Distinct shared system prompts."),
+    grid: str = typer.Option("1,2,4,8,12,16,24,32,48,64", help="Twin: closed-loop user counts "
+                             "(the knee is then bisected to one user)."),
+    rates: str = typer.Option("0.25,0.5,1,2,4", help="Twin: fixed arrival rates, requests/s."),
+    duration: float = typer.Option(300.0, help="Twin: measurement window per point, seconds."),
+    warmup: float = typer.Option(30.0, help="Twin: warm-up per point, seconds."),
+    seed: int = typer.Option(1, help="Base seed."),
+    host_kv_gib: float = typer.Option(16.0, help="Host memory a replica may give HiCache, GiB."),
+    eviction: str = typer.Option("lru", help="Radix eviction policy for the launch command."),
+    model_path: str | None = typer.Option(None, help="Checkpoint for the launch commands "
+                                          "(default: the model's Hugging Face id)."),
+    doubling_hours: float = typer.Option(1.0, help="How long the doubled traffic lasts."),
+    out_path: Path | None = typer.Option(None, "--out", help="Write the JSON document here."),
+    gateway_config_out: Path | None = typer.Option(
+        None, "--gateway-config-out", help="Write the gateway's config file (YAML) here."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """Size the KV pool the way SGLang does and count the requests and prompts that fit."""
+    """Size the KV pool the way SGLang does; with --users, answer how many users fit on a
+    card, which precision to serve, which caps, how many cards, and how to launch it."""
+    if users is None and not sweep:
+        pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
+                  system_prompt_tokens, as_json)
+        return
+    from chatfleet.planner import PlanRequest, SessionProfile, make_plan, parse_precisions
+
+    with clean_errors():
+        if users is None:
+            fail("--users is needed for the full answer (how many concurrent users to serve)")
+        if doubling_hours <= 0 or duration <= 0 or warmup < 0:
+            fail("--duration and --doubling-hours must be positive, --warmup not negative")
+        if host_kv_gib < 0:
+            fail("--host-kv-gib must not be negative")
+        req = PlanRequest(
+            gpu=load_gpu(gpu), model=load_model(model), users=users,
+            slo=SLO(slo_ttft_ms, slo_tpot_ms, itl_stat, attainment),  # type: ignore[arg-type]
+            profile=SessionProfile(input_len, output_len, range_ratio, turns, think_time,
+                                   system_prompt_tokens, prompt_groups),
+            precisions=parse_precisions(precisions), sweeps=tuple(sweep), accuracy=accuracy,
+            headroom=headroom, host_kv_gib=host_kv_gib, mem_fraction=mem_fraction,
+            grid=tuple(parse_list(grid, int, "--grid")),
+            rates=tuple(parse_list(rates, float, "--rates")), duration_s=duration,
+            warmup_s=warmup, seed=seed, doubling_hours=doubling_hours, eviction=eviction,
+            model_path=model_path)
+        req.profile.workload()  # bad lengths or turns fail here, before any work
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            tasks: dict[str, Any] = {}
+
+            def progress(what: str, done: int, total: int) -> None:
+                if what not in tasks:
+                    tasks[what] = bar.add_task(what, total=total)
+                bar.update(tasks[what], completed=done, total=total)
+
+            doc = make_plan(req, progress)
+        if out_path is not None:
+            write_json_atomic(out_path, doc)
+        if gateway_config_out is not None and doc.get("gateway_config"):
+            gateway_config_out.parent.mkdir(parents=True, exist_ok=True)
+            gateway_config_out.write_text(gateway_yaml(doc), encoding="utf-8")
+    if as_json:
+        print_json(doc)
+        return
+    print_answer(doc)
+    for path in (out_path, gateway_config_out):
+        if path is not None:
+            out.print(f"wrote {path}")
+
+
+def gateway_yaml(doc: dict[str, Any]) -> str:
+    head = (f"# chatfleet gateway config from `chatfleet plan` ({doc['gpu']}, {doc['model']}, "
+            f"{doc['recommendation']['precision']}): docs/gateway.md\n")
+    return head + str(yaml.safe_dump(doc["gateway_config"], sort_keys=False))
+
+
+def print_answer(doc: dict[str, Any]) -> None:
+    rec = doc.get("recommendation")
+    t = Table(title=f"users per card at the knee: {doc['model']} on {doc['gpu']}, "
+              f"{doc['target_users']} users, SLO TTFT <= {doc['slo']['ttft_ms']:.0f} ms, "
+              f"TPOT <= {doc['slo']['tpot_ms']:.0f} ms for {doc['slo']['attainment']:.0%}")
+    for col in ("precision", "KV pool", "users/card", "gateway cap", "goodput/s", "rate/replica",
+                "replicas", "cards", "accuracy", "from"):
+        t.add_column(col, justify="right")
+    for name, p in doc["by_precision"].items():
+        src = p["source"]
+        where = (f"{src['sweep']} point {src['point']}" if src["point"] is not None
+                 else f"{src['sweep']}: no load meets")
+        t.add_row(name, f"{p['pool']['kv_pool_tokens']:,}", fmt(p["users_per_card"], "d"),
+                  fmt(p["gateway_cap"], "d"), fmt(p["goodput_rps"], ".2f"),
+                  fmt(p["rate_rps_per_replica"], ".2f"), fmt(p.get("replicas"), "d"),
+                  fmt(p.get("cards"), "d"),
+                  ("ok" if p["accuracy"]["allowed"] else "outside margin")
+                  + ("" if p["accuracy"]["checked"] else " (not checked)"), where)
+    out.print(t)
+    if rec is None:
+        out.print(f"[bold]no recommendation:[/] {doc['why_none']}")
+        return
+    out.print(f"[bold]recommended:[/] {rec['precision']}, {rec['users_per_card']} users per "
+              f"card, gateway cap {rec['gateway_cap']} per replica (engine guard "
+              f"--max-running-requests {rec['engine_guard']}), {rec['replicas']} replicas on "
+              f"{rec['cards']} cards for {doc['target_users']} users with "
+              f"{rec['headroom']:.0%} headroom. Why: {rec['why']}")
+    d = doc["doubling"]
+    t = Table(title=f"traffic doubled for {d['hours']:g} h ({d['users']} -> {d['doubled_users']}"
+              f" users on {d['replicas']} replicas; simulated on a slice of "
+              f"{d['replicas_simulated']})")
+    for col in ("traffic", "thermal model", "attempts", "shed", "admitted attain",
+                "TTFT p99 ms", "gateway queue max", "SM clock p50/min MHz", "max temp C",
+                "thermal slowdown"):
+        t.add_column(col, justify="right")
+    for r in d["runs"]:
+        g = r["gpu"]
+        t.add_row(r["traffic"], "on" if r["thermal_model"] else "off",
+                  str(r["requests"]["offered"]), f"{r['shed_share']:.1%}",
+                  fmt(r["admitted_attainment"], ".3f"), fmt(r["ttft_ms"]["p99"], ".0f"),
+                  str(r["gateway_queue_max"]),
+                  f"{g['sm_clock_mhz']['p50']:.0f}/{g['sm_clock_mhz']['min']:.0f}",
+                  fmt(g["temp_c"]["max"], ".1f"), f"{g['thermal_slowdown_share']:.1%}")
+    out.print(t)
+    out.print(f"host tier: {'HiCache on' if doc['host_tier']['enable'] else 'off'}: "
+              f"{doc['host_tier']['why']}")
+    for engine in ("sglang", "vllm"):
+        cmd = doc["launch"][engine]
+        out.print(f"\n[bold]{engine}:[/] {cmd['shell']}", highlight=False, soft_wrap=True)
+        for note in cmd["notes"]:
+            out.print(f"  note: {note}", highlight=False)
+    out.print("\n[bold]gateway config:[/]")
+    out.print(gateway_yaml(doc), highlight=False, soft_wrap=True)
+
+
+def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: float | None,
+              request_tokens: int, system_prompt_tokens: int, as_json: bool) -> None:
     with clean_errors():
         p = plan_pool(load_gpu(gpu), load_model(model), weights, kv_cache,
                       mem_fraction=mem_fraction, request_tokens=request_tokens,
                       system_prompt_tokens=system_prompt_tokens)
-    doc = p.to_json()
     if as_json:
-        print_json(doc)
+        print_json(p.to_json())
         return
+    out.print(pool_table(p))
+
+
+def pool_table(p: PoolPlan) -> Table:
     cal = "" if p.calibrated else " [yellow](uncalibrated: figures from datasheet, not measured)[/]"
     t = Table(title=f"KV pool: {p.model} on {p.gpu}, weights {p.weights}, KV {p.kv_cache}{cal}")
     t.add_column("figure")
@@ -49,4 +217,4 @@ def plan(
     ]
     for k, v in rows:
         t.add_row(k, v)
-    out.print(t)
+    return t

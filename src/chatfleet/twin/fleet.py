@@ -95,6 +95,7 @@ class _FleetRun:
     expire_at: float | None = None
     max_in_flight: list[int] = field(default_factory=list)
     hop_s: float = 0.0
+    max_queue: int = 0  # the gateway queue's peak depth
 
     # --- arrivals and decisions -----------------------------------------------------------
     def arrive(self, att: _Attempt, now: float) -> Iterable[Event]:
@@ -131,6 +132,7 @@ class _FleetRun:
                     out.extend(self.start(d.request.request_id, att, i, now))
             elif d.shed:
                 out.extend(self.shed(d, att, now))
+        self.max_queue = max(self.max_queue, self.fleet.ac.queue_depth())
         nxt = self.fleet.ac.next_deadline()
         if nxt is not None and (self.expire_at is None or nxt < self.expire_at
                                 or self.expire_at <= now):
@@ -258,6 +260,7 @@ def run_fleet_point(
         gpu=gpu_block(spec, scheds, warmup_s, window_end),
         client={"send_lag_ms_p99": 0.0, "loop_lag_ms_p99": 0.0})
     point["fleet"] = {**fleet.to_json(), "max_in_flight": run.max_in_flight,
+                      "max_queue": run.max_queue,
                       "shed": dict(core.ac.num_shed), "admitted": core.ac.num_admitted,
                       "routes": dict(core.num_routes)}
     return PointRun(point, run.records, scheds[0], loop.num_events)

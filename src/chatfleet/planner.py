@@ -1,0 +1,352 @@
+"""`chatfleet plan`'s full answer: for each precision, the KV pool and a sweep (run through the
+twin, or read from a sweep's JSON); then users per card at the knee, goodput at the target, the
+caps, the fleet for the target users, what an hour of doubled traffic does, the launch commands
+for SGLang and vLLM, and the gateway's config file.
+
+The arithmetic from sweep to answer is pure (core/plan.py); this module runs the twin, reads
+files and builds the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from chatfleet import __version__
+from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.memory import PoolPlan, plan_pool
+from chatfleet.core.metrics import SCHEMA, SLO
+from chatfleet.core.plan import (
+    PlanError,
+    PrecisionFigures,
+    accuracy_verdicts,
+    choose_precision,
+    figures_from_sweep,
+    fleet_size,
+    host_tier,
+    precision_name,
+    prefill_reserve_s,
+    working_set_tokens,
+)
+from chatfleet.core.specs import GIB, GPU, HF_MODEL_IDS, Model, precision
+from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.engines import SGLangAdapter, VLLMAdapter
+from chatfleet.engines.base import LaunchCommand
+from chatfleet.gateway.config import parse_config
+from chatfleet.twin.fleet import FleetConfig, run_fleet_point
+from chatfleet.twin.sweep import TwinSweep
+
+PLAN_SCHEMA = "chatfleet.plan/1"
+DEFAULT_GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_RATES = (0.25, 0.5, 1.0, 2.0, 4.0)
+SGLANG_PORT = 30000
+
+# Progress: (what is running, finished steps, all steps).
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionProfile:
+    """What one user does: a session of `turns` turns of `input_len` user tokens (uniform
+    within +-range_ratio, vLLM's convention) and `output_len` answer tokens, `think_time_s`
+    apart, every prompt starting with the shared system prompt."""
+
+    input_len: int = 512
+    output_len: int = 128
+    range_ratio: float = 0.5
+    turns: int = 1
+    think_time_s: float = 0.0
+    system_prompt_tokens: int = 2048
+    prompt_groups: int = 1
+
+    def workload(self) -> WorkloadConfig:
+        return WorkloadConfig(
+            system_prompt_tokens=self.system_prompt_tokens, prompt_groups=self.prompt_groups,
+            lengths=LengthSpec("uniform", self.input_len, self.output_len, self.range_ratio,
+                               "vllm"),
+            turns=self.turns, think_time_s=self.think_time_s)
+
+    def history_tokens(self) -> float:
+        """A session's own tokens at its last turn (its history beyond the shared prompt)."""
+        return float(self.turns * (self.input_len + self.output_len))
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    gpu: GPU
+    model: Model
+    users: int
+    slo: SLO = field(default_factory=SLO)
+    profile: SessionProfile = field(default_factory=SessionProfile)
+    precisions: tuple[tuple[str, str], ...] = (("bf16", "bf16"), ("fp8", "fp8"))
+    sweeps: tuple[Path, ...] = ()
+    accuracy: Path | None = None
+    headroom: float = 0.2
+    host_kv_gib: float = 16.0
+    mem_fraction: float | None = None
+    grid: tuple[int, ...] = DEFAULT_GRID
+    rates: tuple[float, ...] = DEFAULT_RATES
+    duration_s: float = 300.0
+    warmup_s: float = 30.0
+    seed: int = 1
+    doubling_hours: float = 1.0
+    doubling_replicas: int = 2  # the slice of the fleet the what-if simulates
+    eviction: str = "lru"
+    model_path: str | None = None
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"{what} {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanError(f"{what} {path}: not readable JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise PlanError(f"{what} {path}: not a JSON object")
+    return doc
+
+
+def load_sweep(path: Path) -> dict[str, Any]:
+    """A chatfleet.sweep/1 document: a file, or a live sweep's directory (DIR/sweep.json)."""
+    file = path / "sweep.json" if path.is_dir() else path
+    doc = _read_json(file, "sweep")
+    if doc.get("schema") != SCHEMA:
+        raise PlanError(f"sweep {file}: schema is {doc.get('schema')!r}, not {SCHEMA}")
+    return doc
+
+
+def load_accuracy(path: Path) -> dict[str, Any]:
+    doc = _read_json(path, "accuracy result")
+    if doc.get("schema") != "chatfleet.accuracy/1" or not isinstance(doc.get("targets"), dict):
+        raise PlanError(f"accuracy result {path}: not a chatfleet.accuracy/1 document")
+    return doc
+
+
+def model_path(req: PlanRequest, weights: str) -> str:
+    if req.model_path is not None:
+        return req.model_path
+    ids = HF_MODEL_IDS.get(req.model.name)
+    return ids[weights] if ids and weights in ids else req.model.name
+
+
+def engine_spec(req: PlanRequest, weights: str, kv: str, **changes: Any) -> EngineSpec:
+    spec = EngineSpec(req.gpu, req.model, precision(weights, kv),
+                      mem_fraction=req.mem_fraction, eviction_policy=req.eviction)
+    return replace(spec, **changes)
+
+
+def pool_of(req: PlanRequest, weights: str, kv: str) -> PoolPlan:
+    prof = req.profile
+    return plan_pool(req.gpu, req.model, weights, kv, mem_fraction=req.mem_fraction,
+                     request_tokens=prof.input_len + prof.output_len,
+                     system_prompt_tokens=prof.system_prompt_tokens)
+
+
+def twin_sweep(req: PlanRequest, weights: str, kv: str,
+               tick: Callable[[], None]) -> dict[str, Any]:
+    """A flushed closed-loop grid and a fixed-rate grid through the twin, both knees refined."""
+    loads: list[dict[str, Any]] = [{"mode": "closed", "concurrency": c} for c in req.grid]
+    loads += [{"mode": "open", "rate_rps": r, "arrival": "poisson", "burstiness": 1.0}
+              for r in req.rates]
+    sweeper = TwinSweep(engine_spec(req, weights, kv), req.profile.workload(), req.slo,
+                        duration_s=req.duration_s, warmup_s=req.warmup_s, seed=req.seed)
+    return sweeper.run(loads, refine=True, on_point=lambda _: tick())
+
+
+def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
+             queue_depth: int) -> dict[str, Any]:
+    """An hour at the target users and an hour at twice as many, each with the thermal model
+    off (what the traffic alone does: the queue, the sheds) and on (what the clocks add),
+    through a slice of the fleet: the gateway's own admission and routing in front, the engine
+    guard set. The fleet is symmetric, so `doubling_replicas` replicas with their share of the
+    users stand for the whole."""
+    assert fig.gateway_cap is not None
+    k = max(1, min(replicas, req.doubling_replicas))
+    budget = req.slo.ttft_ms / 1000.0
+    fleet = FleetConfig(replicas=k, cap=fig.gateway_cap, queue_depth=queue_depth,
+                        ttft_budget_s=budget, hop_s=0.002,
+                        prefill_reserve_s=prefill_reserve_s(fig, budget))
+    runs: list[dict[str, Any]] = []
+    for traffic, factor in (("target", 1), ("doubled", 2)):
+        users = max(1, round(req.users * factor * k / replicas))
+        for thermal in (False, True):
+            spec = engine_spec(req, fig.weights, fig.kv_cache, thermal=thermal,
+                               max_running_requests=fig.gateway_cap)
+            p = run_fleet_point(spec, req.profile.workload(),
+                                {"mode": "closed", "concurrency": users}, fleet,
+                                duration_s=req.doubling_hours * 3600.0, warmup_s=60.0,
+                                seed=req.seed + 1000 + factor, slo=req.slo).point
+            r = p["requests"]
+            runs.append({
+                "traffic": traffic, "thermal_model": thermal, "users_simulated": users,
+                "requests": r, "shed_share": round(r["shed"] / max(1, r["offered"]), 4),
+                "attainment": p["attainment"],
+                "admitted_attainment": p.get("admitted_attainment"),
+                "goodput_rps_per_replica": round(p["goodput_rps"] / k, 4),
+                "ttft_ms": p["ttft_ms"], "tpot_ms": p["tpot_ms"],
+                "gateway_queue_max": p["fleet"]["max_queue"],
+                "max_in_flight": p["fleet"]["max_in_flight"], "gpu": p["gpu"],
+            })
+    return {"hours": req.doubling_hours, "users": req.users, "doubled_users": 2 * req.users,
+            "replicas": replicas, "replicas_simulated": k, "runs": runs}
+
+
+def launch_commands(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan,
+                    tier: Mapping[str, Any]) -> dict[str, LaunchCommand]:
+    """SGLang's and vLLM's launch commands for one replica at the plan's figures."""
+    assert fig.gateway_cap is not None
+    path = model_path(req, fig.weights)
+    context = (pool.kv_pool_tokens if pool.kv_pool_tokens < req.model.max_position_embeddings
+               else None)
+    extra = ["--radix-eviction-policy", req.eviction]
+    if tier.get("enable"):
+        extra += ["--enable-hierarchical-cache", "--hicache-ratio", str(tier["hicache_ratio"])]
+    common: dict[str, Any] = dict(max_running_requests=fig.gateway_cap, host="0.0.0.0",
+                                  context_length=context,
+                                  chunked_prefill_size=pool.chunked_prefill_size,
+                                  served_model_name=req.model.name)
+    sglang = SGLangAdapter().launch_command(path, (fig.weights, fig.kv_cache),
+                                            pool.mem_fraction_static, port=SGLANG_PORT,
+                                            extra=extra, **common)
+    vllm = VLLMAdapter().launch_command(path, (fig.weights, fig.kv_cache), None, **common)
+    vllm.notes.append("--gpu-memory-utilization left at vLLM's default: it counts the whole "
+                      "card, SGLang's mem fraction does not; check the pool in vLLM's log")
+    return {"sglang": sglang, "vllm": vllm}
+
+
+def gateway_config(req: PlanRequest, fig: PrecisionFigures, replicas: int) -> dict[str, Any]:
+    """The gateway's config file (docs/gateway.md), replicas named sglang-0..R-1 on port
+    30000 (the Kubernetes Services of `chatfleet deploy k8s`; edit the URLs elsewhere)."""
+    assert fig.gateway_cap is not None
+    doc: dict[str, Any] = {
+        "replicas": [{"name": f"sglang-{i}", "url": f"http://sglang-{i}:{SGLANG_PORT}"}
+                     for i in range(replicas)],
+        "cap": fig.gateway_cap,
+        "queue_depth": fig.gateway_cap * replicas,
+        "ttft_budget_s": req.slo.ttft_ms / 1000.0,
+        "prefill_reserve_s": prefill_reserve_s(fig, req.slo.ttft_ms / 1000.0),
+        "prioritize_returning": True,
+        "routing": {"affinity": True, "gpu": req.gpu.name, "model": req.model.name,
+                    "weights": fig.weights, "kv_cache": fig.kv_cache,
+                    "shared_prefix_tokens": req.profile.system_prompt_tokens},
+    }
+    parse_config(doc)  # the gateway must accept what the plan writes
+    return doc
+
+
+def _launch_json(cmd: LaunchCommand) -> dict[str, Any]:
+    return {"argv": cmd.argv, "env": cmd.env, "shell": cmd.shell(), "notes": cmd.notes}
+
+
+def make_plan(req: PlanRequest, progress: Progress | None = None) -> dict[str, Any]:
+    """The whole answer as one JSON-ready document (keys in docs/plan.md)."""
+    if req.users < 1:
+        raise PlanError("--users must be at least 1")
+    accuracy = load_accuracy(req.accuracy) if req.accuracy is not None else None
+    docs: dict[str, tuple[str, dict[str, Any]]] = {}
+    for path in req.sweeps:
+        doc = load_sweep(path)
+        t = doc.get("target") or {}
+        name = precision_name(str(t.get("weights")), str(t.get("kv_cache")))
+        if name in docs:
+            raise PlanError(f"two sweeps of {name}: {docs[name][0]} and {path}")
+        if t.get("gpu") not in (None, req.gpu.name):
+            raise PlanError(f"sweep {path} was measured on {t.get('gpu')}, not {req.gpu.name}")
+        docs[name] = (str(path), doc)
+    pairs = ([(str(d["target"]["weights"]), str(d["target"]["kv_cache"]))
+              for _, d in docs.values()] if docs else list(req.precisions))
+    steps = 0 if docs else len(pairs) * (len(req.grid) + len(req.rates) + 8)
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress("twin sweeps", min(done, steps), steps)
+
+    for w, kv in pairs:
+        name = precision_name(w, kv)
+        if name not in docs:
+            docs[name] = ("twin", twin_sweep(req, w, kv, tick))
+    if progress is not None and steps:
+        progress("twin sweeps", steps, steps)
+    pools = {precision_name(w, kv): pool_of(req, w, kv) for w, kv in pairs}
+    figures = [figures_from_sweep(doc, src) for src, doc in docs.values()]
+    verdicts = accuracy_verdicts(accuracy, [f.name for f in figures])
+    best, why = choose_precision(figures, verdicts)
+
+    by_precision: dict[str, Any] = {}
+    for f in figures:
+        entry = {**f.to_json(), "pool": pools[f.name].to_json(), "accuracy": verdicts[f.name]}
+        if f.users_per_card:
+            entry.update(fleet_size(req.users, f.users_per_card, req.headroom))
+        by_precision[f.name] = entry
+
+    answer: dict[str, Any] = {}
+    if best is not None:
+        assert best.users_per_card is not None and best.gateway_cap is not None
+        pool = pools[best.name]
+        size = fleet_size(req.users, best.users_per_card, req.headroom)
+        prof = req.profile
+        ws = working_set_tokens(best.users_per_card, prof.system_prompt_tokens,
+                                prof.prompt_groups, prof.history_tokens())
+        host_tokens = int(req.host_kv_gib * GIB // pool.kv_bytes_per_token)
+        tier = {**host_tier(ws, pool.kv_pool_tokens, host_tokens), "working_set_tokens": ws,
+                "host_tokens": host_tokens}
+        gw = gateway_config(req, best, size["replicas"])
+        if progress is not None:
+            progress("doubled traffic for an hour (thermal model on)", 0, 1)
+        answer = {
+            "recommendation": {
+                "precision": best.name, "weights": best.weights, "kv_cache": best.kv_cache,
+                "users_per_card": best.users_per_card, "gateway_cap": best.gateway_cap,
+                "engine_guard": best.gateway_cap, "goodput_rps": best.goodput_rps,
+                "replicas": size["replicas"], "cards": size["cards"],
+                "headroom": req.headroom, "why": why, "source": best.source,
+            },
+            "host_tier": tier,
+            "doubling": doubling(req, best, size["replicas"], gw["queue_depth"]),
+            "launch": {k: _launch_json(v)
+                       for k, v in launch_commands(req, best, pool, tier).items()},
+            "gateway_config": gw,
+        }
+        if progress is not None:
+            progress("doubled traffic for an hour (thermal model on)", 1, 1)
+        top = pool.to_json()
+    else:
+        answer = {"recommendation": None, "why_none": why}
+        top = next(iter(pools.values())).to_json()
+    return {
+        **top,
+        "schema": PLAN_SCHEMA,
+        "chatfleet_version": __version__,
+        "target_users": req.users,
+        "slo": req.slo.to_json(),
+        "session_profile": {**req.profile.workload().to_json()},
+        **answer,
+        "by_precision": by_precision,
+        "sweeps": {name: {"source": src,
+                          "document": doc if src == "twin" else None}
+                   for name, (src, doc) in docs.items()},
+    }
+
+
+def parse_precisions(text: str) -> tuple[tuple[str, str], ...]:
+    """'bf16,fp8' -> ((bf16, bf16), (fp8, fp8)); 'fp8/bf16' -> FP8 weights, BF16 KV cache."""
+    out: list[tuple[str, str]] = []
+    for item in (x.strip().lower() for x in text.split(",")):
+        if not item:
+            continue
+        w, _, kv = item.partition("/")
+        pair = (w, kv or w)
+        precision(*pair)  # raises SpecError for anything but bf16/fp8
+        if pair in out:
+            raise PlanError(f"precision {item!r} given twice")
+        out.append(pair)
+    if not out:
+        raise PlanError("no precision given")
+    return tuple(out)
