@@ -6,6 +6,7 @@ import typer
 
 from chatfleet import __version__
 from chatfleet.cli.agent import telemetry_agent
+from chatfleet.cli.cache import cache
 from chatfleet.cli.gateway import gateway
 from chatfleet.cli.plan import plan
 from chatfleet.cli.report import report
@@ -26,6 +27,7 @@ app.command("sweep")(sweep)
 app.command("gateway")(gateway)
 app.command("report")(report)
 app.command("telemetry-agent")(telemetry_agent)
+app.command("cache")(cache)
 app.add_typer(twin_app, name="twin")
 
 

@@ -1,0 +1,297 @@
+"""`chatfleet cache`: working-set analysis of the prefix cache on multi-turn traces."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from array import array
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from chatfleet.cli.common import (
+    clean_errors,
+    console,
+    fail,
+    load_gpu,
+    load_model,
+    out,
+    print_json,
+    write_json_atomic,
+)
+from chatfleet.core.cache_analysis import (
+    UNIQUE_ID_BASE,
+    CacheConfig,
+    SyntheticConfig,
+    Turn,
+    answer_ids,
+    cache_document,
+    check_trace,
+    count_prompt_ids,
+    replay,
+    sort_trace,
+    summarize,
+    synthetic_trace,
+    unbounded_pool,
+)
+from chatfleet.core.engine.build import EngineSpec, step_time_model
+from chatfleet.core.engine.radix import EVICTION_POLICIES
+from chatfleet.core.specs import precision
+
+
+def parse_sizes(text: str, what: str, allow_zero: bool = False) -> list[int]:
+    """Comma-separated token counts: positive (or >= 0 with allow_zero), no duplicates."""
+    values: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            v = int(part.replace("_", ""))
+        except ValueError:
+            fail(f"{what} must be a comma-separated list of whole token counts, not {text!r}")
+        if v < 0 or (v == 0 and not allow_zero):
+            fail(f"every {what} must be {'>= 0' if allow_zero else 'positive'}, got {v}")
+        if v not in values:
+            values.append(v)
+    if not values:
+        fail(f"{what} is empty")
+    return values
+
+
+def parse_policies(text: str) -> list[str]:
+    names = [p.strip().lower() for p in text.split(",") if p.strip()]
+    if not names:
+        fail("--policy is empty")
+    for p in names:
+        if p not in EVICTION_POLICIES:
+            fail(f"unknown eviction policy {p!r}: one of {', '.join(EVICTION_POLICIES)}")
+    return list(dict.fromkeys(names))
+
+
+# --------------------------------------------------------------------------------------------
+# Trace files
+# --------------------------------------------------------------------------------------------
+
+
+def _int_field(rec: dict[str, Any], key: str, where: str, minimum: int) -> int:
+    v = rec[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"{where}: {key!r} must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def load_trace_file(path: Path, shared_prefix_tokens: int,
+                    default_answer_tokens: int) -> list[Turn]:
+    """JSON Lines, one turn a line: session, turn, time (s), prompt_tokens (ids, or a count)
+    or text, optional output_tokens. See docs/cache.md for how counts become token ids."""
+    if not path.exists():
+        raise FileNotFoundError(2, "no such file", str(path))
+    rows: list[tuple[str, int, float, Any, int | None]] = []
+    seen: set[tuple[str, int]] = set()
+    tokenizer = None
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{where}: each line must be a JSON object")
+            for key in ("session", "turn", "time"):
+                if key not in rec:
+                    raise ValueError(f"{where}: missing {key!r}")
+            session = rec["session"]
+            if not isinstance(session, (str, int)) or isinstance(session, bool):
+                raise ValueError(f"{where}: 'session' must be a string or an integer")
+            turn = _int_field(rec, "turn", where, 0)
+            t = rec["time"]
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
+                    or t < 0:
+                raise ValueError(f"{where}: 'time' must be a number of seconds >= 0, got {t!r}")
+            ident = (str(session), turn)
+            if ident in seen:
+                raise ValueError(f"{where}: session {session!r} turn {turn} appears twice")
+            seen.add(ident)
+            out_tokens = (_int_field(rec, "output_tokens", where, 1)
+                          if rec.get("output_tokens") is not None else None)
+            prompt: Any
+            if "prompt_tokens" in rec:
+                p = rec["prompt_tokens"]
+                if isinstance(p, list):
+                    if not p or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                        for x in p):
+                        raise ValueError(f"{where}: 'prompt_tokens' must be a non-empty list of "
+                                         f"token ids (integers >= 0) or a count")
+                    prompt = array("q", p)
+                else:
+                    prompt = _int_field(rec, "prompt_tokens", where, 1)
+            elif "text" in rec:
+                if not isinstance(rec["text"], str) or not rec["text"]:
+                    raise ValueError(f"{where}: 'text' must be a non-empty string")
+                if tokenizer is None:
+                    from chatfleet.datasets import load_qwen_tokenizer
+
+                    tokenizer = load_qwen_tokenizer()
+                prompt = array("q", tokenizer.encode(rec["text"]))
+                if not prompt:
+                    raise ValueError(f"{where}: 'text' tokenizes to nothing")
+            else:
+                raise ValueError(f"{where}: give 'prompt_tokens' (ids or a count) or 'text'")
+            rows.append((str(session), turn, float(t), prompt, out_tokens))
+    if not rows:
+        raise ValueError(f"{path}: no turns in the file")
+    by_session: dict[str, list[tuple[str, int, float, Any, int | None]]] = {}
+    for r in rows:
+        by_session.setdefault(r[0], []).append(r)
+    counter = [UNIQUE_ID_BASE]
+    turns: list[Turn] = []
+    for si, (name, rs) in enumerate(by_session.items()):
+        rs.sort(key=lambda r: r[1])
+        prompts = [p if isinstance(p, array) else count_prompt_ids(si, p, shared_prefix_tokens)
+                   for _, _, _, p, _ in rs]
+        for k, (_, _, t, _, o) in enumerate(rs):
+            nxt = prompts[k + 1] if k + 1 < len(prompts) else None
+            output = answer_ids(prompts[k], o or default_answer_tokens, nxt, counter)
+            turns.append(Turn(name, k + 1, t, prompts[k], output))
+    check_trace(turns)
+    return sort_trace(turns)
+
+
+# --------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------
+
+
+def _by_turn(values: list[float]) -> str:
+    return " ".join(f"{v:.2f}" for v in values)
+
+
+def results_table(doc: dict[str, Any]) -> Table:
+    t = Table(title="prefix cache: hit rate per turn (turn 1 first) against an unbounded pool",
+              caption=f"holds: every turn within {doc['hold_tolerance']:.2f} of the unbounded "
+                      f"pool; thrash: later turns {doc['thrash_gap']:.2f} or more below it; "
+                      f"TTFT estimated (ms)")
+    for col, just in (("pool", "right"), ("policy", "left"), ("host", "right"),
+                      ("hit rate", "right"), ("by turn", "left"), ("evicted+returned", "right"),
+                      ("TTFT p50", "right"), ("TTFT p99", "right"), ("verdict", "left")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in doc["results"]:
+        verdict = "holds" if r["holds"] else ("thrashes" if r["thrashes"] else
+                                              f"short at {r['short_turns']}")
+        t.add_row(str(r["pool_tokens"]), r["policy"], str(r["host_pool_tokens"]),
+                  f"{r['hit_rate']:.3f}", _by_turn(r["hit_rate_by_turn"]),
+                  str(r["evicted_then_returned"]), f"{r['ttft_ms']['p50']:.0f}",
+                  f"{r['ttft_ms']['p99']:.0f}", verdict)
+    return t
+
+
+def cache(
+    trace: Path | None = typer.Option(None, "--trace", help="A JSON Lines trace (docs/cache.md)"
+                                      "; without it a synthetic trace is made."),
+    sessions: int = typer.Option(24, help="Synthetic: sessions."),
+    turns: int = typer.Option(8, help="Synthetic: turns per session."),
+    think_time: float = typer.Option(30.0, help="Synthetic: mean think time between turns, s "
+                                     "(exponential)."),
+    arrival_gap: float = typer.Option(120.0, help="Synthetic: mean gap between session starts, "
+                                      "s (Poisson arrivals)."),
+    return_share: float = typer.Option(0.25, help="Synthetic: share of sessions that pause once "
+                                       "and return after minutes."),
+    return_after: float = typer.Option(180.0, help="Synthetic: their pause, s (uniform in "
+                                       "0.5..1.5 x)."),
+    system_prompt_tokens: int = typer.Option(2048, help="The shared system prompt (synthetic; "
+                                             "with a trace of counts, the shared first tokens)."),
+    user_tokens: int = typer.Option(128, help="Synthetic: mean user message tokens."),
+    answer_tokens: int = typer.Option(256, help="Mean answer tokens (reasoning included); a "
+                                      "trace line without output_tokens gets this many."),
+    length_spread: float = typer.Option(0.5, help="Synthetic: lengths uniform in "
+                                        "[len x (1 - r), len x (1 + r)]."),
+    reasoning_share: float = typer.Option(0.0, help="Synthetic: share of each answer that is "
+                                          "reasoning, dropped from later prompts (0: thinking "
+                                          "off)."),
+    pool: str = typer.Option("8192,16384", help="GPU KV pool sizes to sweep, tokens."),
+    policy: str = typer.Option("lru,lfu,fifo,slru", help="Eviction policies to sweep."),
+    host_pool_tokens: str = typer.Option("0", help="Host-tier sizes to sweep, tokens (0: off)."),
+    seed: int = typer.Option(1, help="Seed of the synthetic trace."),
+    gpu: str = typer.Option("l4", help="GPU of the step-time model."),
+    model: str = typer.Option("qwen3-8b", help="Built-in model name or path to a config.json."),
+    weights: str = typer.Option("bf16", help="bf16 or fp8."),
+    kv_cache: str = typer.Option("bf16", "--kv-cache", help="bf16 or fp8."),
+    as_json: bool = typer.Option(False, "--json", help="Print the chatfleet.cache/1 document."),
+    out_path: Path | None = typer.Option(None, "--out", help="Write the document here."),
+) -> None:
+    """Replay a multi-turn trace through the radix prefix cache for each pool size, eviction
+    policy and host-tier size: hit rate per turn, evictions of prefixes that come back, TTFT."""
+    pools = parse_sizes(pool, "--pool")
+    policies = parse_policies(policy)
+    hosts = parse_sizes(host_pool_tokens, "--host-pool-tokens", allow_zero=True)
+    with clean_errors():
+        spec = EngineSpec(gpu=load_gpu(gpu), model=load_model(model),
+                          precision=precision(weights, kv_cache))
+        step_model = step_time_model(spec)
+        card_pool = spec.pool_plan().kv_pool_tokens
+        if trace is not None:
+            if system_prompt_tokens < 0 or answer_tokens <= 0:
+                fail("--system-prompt-tokens must be >= 0 and --answer-tokens positive")
+            turns_list = load_trace_file(trace, system_prompt_tokens, answer_tokens)
+            trace_info: dict[str, Any] = {"kind": "file", "path": str(trace),
+                                          "shared_prefix_tokens_of_counts": system_prompt_tokens,
+                                          "default_answer_tokens": answer_tokens}
+        else:
+            scfg = SyntheticConfig(
+                sessions=sessions, turns=turns, system_prompt_tokens=system_prompt_tokens,
+                user_tokens=user_tokens, answer_tokens=answer_tokens,
+                length_spread=length_spread, reasoning_share=reasoning_share,
+                think_time_s=think_time, arrival_gap_s=arrival_gap, return_share=return_share,
+                return_after_s=return_after)
+            scfg.workload_config()  # validates the reasoning share
+            turns_list = synthetic_trace(scfg, random.Random(seed), step_model)
+            trace_info = {**scfg.to_json(), "seed": seed}
+        trace_info.update(
+            sessions=len({t.session for t in turns_list}),
+            turns=max(t.turn for t in turns_list),
+            requests=len(turns_list),
+            prompt_tokens=sum(t.prompt_len for t in turns_list),
+            span_s=round(max(t.time for t in turns_list) - min(t.time for t in turns_list), 1),
+        )
+        target = {"gpu": spec.gpu.name, "model": spec.model.name, "weights": weights,
+                  "kv_cache": kv_cache, "card_pool_tokens": card_pool,
+                  "ttft_model": "chunked prefill of the uncached tokens at batch 1 plus host "
+                                "load-back over PCIe, plus any wait for pool room"}
+        grid = [(p, pol, h) for p in pools for pol in policies for h in hosts]
+        results: list[dict[str, Any]] = []
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task("replaying the trace", total=len(grid) + 1)
+            reference = replay(turns_list, CacheConfig(unbounded_pool(turns_list)), step_model)
+            bar.advance(task)
+            for p, pol, h in grid:
+                bar.update(task, description=f"pool {p}, {pol}, host {h}")
+                results.append(summarize(replay(turns_list, CacheConfig(p, pol, h),
+                                                step_model)))
+                bar.advance(task)
+        doc = cache_document(trace_info, target, reference, results, card_pool)
+        if out_path is not None:
+            write_json_atomic(out_path, doc)
+    if as_json:
+        print_json(doc)
+        return
+    ws = doc["working_set_tokens"]
+    out.print(f"trace: {trace_info['sessions']} sessions, {trace_info['requests']} turns over "
+              f"{trace_info['span_s'] / 60:.1f} min; working set peak {ws['peak']} tokens, "
+              f"mean {ws['mean']:.0f}; unbounded pool hit rate "
+              f"{doc['unbounded']['hit_rate']:.3f} "
+              f"({_by_turn(doc['unbounded']['hit_rate_by_turn'])})")
+    out.print(results_table(doc))
+    rec = doc["recommendation"]
+    out.print(f"recommendation: pool {rec['pool_tokens']} tokens, {rec['policy']}, host tier "
+              f"{rec['host_pool_tokens'] or 'off'}: {rec['reason']}")
+    if out_path is not None:
+        out.print(f"wrote {out_path}")
