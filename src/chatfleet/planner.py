@@ -96,6 +96,7 @@ class PlanRequest:
     doubling_replicas: int = 2  # the slice of the fleet the what-if simulates
     eviction: str = "lru"
     model_path: str | None = None
+    cap_margin: int = 0  # lower the gateway cap this many grid steps below the knee
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -275,7 +276,7 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> dict[str, A
     if progress is not None and steps:
         progress("twin sweeps", steps, steps)
     pools = {precision_name(w, kv): pool_of(req, w, kv) for w, kv in pairs}
-    figures = [figures_from_sweep(doc, src) for src, doc in docs.values()]
+    figures = [figures_from_sweep(doc, src, req.cap_margin) for src, doc in docs.values()]
     verdicts = accuracy_verdicts(accuracy, [f.name for f in figures])
     best, why = choose_precision(figures, verdicts)
 

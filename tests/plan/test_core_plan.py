@@ -46,6 +46,16 @@ def test_figures_name_the_knee_point_they_came_from() -> None:
     assert f.to_json()["engine_guard"] == 7
 
 
+def test_a_cap_margin_lowers_the_cap_by_grid_steps() -> None:
+    pts = [point("closed", 4, 1.0, 0.5), point("closed", 6, 1.0, 0.7),
+           point("closed", 8, 0.995, 1.1, in_flight=7), point("closed", 16, 0.5, 0.7)]
+    d = doc("fp8", "fp8", pts)
+    assert figures_from_sweep(d, "s").gateway_cap == 7
+    assert figures_from_sweep(d, "s", cap_margin=1).gateway_cap == 6
+    assert figures_from_sweep(d, "s", cap_margin=5).gateway_cap == 4  # the lowest tested
+    assert figures_from_sweep(d, "s", cap_margin=1).users_per_card == 8
+
+
 def test_a_sweep_where_nothing_meets_has_no_users_per_card() -> None:
     f = figures_from_sweep(doc("bf16", "bf16", [point("closed", 1, 0.5, 0.1)]), "twin")
     assert f.users_per_card is None and f.gateway_cap is None and f.source["point"] is None

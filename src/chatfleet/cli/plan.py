@@ -68,6 +68,8 @@ def plan(
     model_path: str | None = typer.Option(None, help="Checkpoint for the launch commands "
                                           "(default: the model's Hugging Face id)."),
     doubling_hours: float = typer.Option(1.0, help="How long the doubled traffic lasts."),
+    cap_margin: int = typer.Option(0, help="Lower the gateway cap this many grid steps below "
+                                   "the knee (after refinement a step is one user)."),
     out_path: Path | None = typer.Option(None, "--out", help="Write the JSON document here."),
     gateway_config_out: Path | None = typer.Option(
         None, "--gateway-config-out", help="Write the gateway's config file (YAML) here."),
@@ -86,8 +88,8 @@ def plan(
             fail("--users is needed for the full answer (how many concurrent users to serve)")
         if doubling_hours <= 0 or duration <= 0 or warmup < 0:
             fail("--duration and --doubling-hours must be positive, --warmup not negative")
-        if host_kv_gib < 0:
-            fail("--host-kv-gib must not be negative")
+        if host_kv_gib < 0 or cap_margin < 0:
+            fail("--host-kv-gib and --cap-margin must not be negative")
         req = PlanRequest(
             gpu=load_gpu(gpu), model=load_model(model), users=users,
             slo=SLO(slo_ttft_ms, slo_tpot_ms, itl_stat, attainment),  # type: ignore[arg-type]
@@ -98,7 +100,7 @@ def plan(
             grid=tuple(parse_list(grid, int, "--grid")),
             rates=tuple(parse_list(rates, float, "--rates")), duration_s=duration,
             warmup_s=warmup, seed=seed, doubling_hours=doubling_hours, eviction=eviction,
-            model_path=model_path)
+            model_path=model_path, cap_margin=cap_margin)
         req.profile.workload()  # bad lengths or turns fail here, before any work
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:

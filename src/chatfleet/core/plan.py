@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chatfleet.core.metrics import load_value
+from chatfleet.core.metrics import load_value, recommended_cap
 
 # The order of preference when two precisions tie: the wider format first.
 PRECISION_ORDER = ("bf16", "fp8")
@@ -77,9 +77,12 @@ class PrecisionFigures:
         }
 
 
-def figures_from_sweep(doc: Mapping[str, Any], sweep_name: str) -> PrecisionFigures:
+def figures_from_sweep(doc: Mapping[str, Any], sweep_name: str,
+                       cap_margin: int | None = None) -> PrecisionFigures:
     """Read one precision's figures from its sweep document. `sweep_name` says where the
-    document is (a file path, or 'twin' for one the plan ran) and goes into `source`."""
+    document is (a file path, or 'twin' for one the plan ran) and goes into `source`. With
+    `cap_margin`, the cap is recomputed that many grid steps below the knee (else the sweep's
+    own `recommended_cap`)."""
     target = doc.get("target") or {}
     weights, kv = target.get("weights"), target.get("kv_cache")
     if not isinstance(weights, str) or not isinstance(kv, str):
@@ -94,7 +97,8 @@ def figures_from_sweep(doc: Mapping[str, Any], sweep_name: str) -> PrecisionFigu
     if knee.get("meets") is not None:
         index, point = _point_at(doc, "closed", float(knee["meets"]))
         users = int(knee["meets"])
-        cap = doc.get("recommended_cap")
+        cap = (doc.get("recommended_cap") if cap_margin is None
+               else recommended_cap(doc.get("points", []), knee, cap_margin))
         cap = int(cap) if cap is not None else users
         goodput = float(point["goodput_rps"])
         tok_s = float(point["output_tok_s"])
