@@ -7,7 +7,9 @@ import typer
 from chatfleet import __version__
 from chatfleet.cli.agent import telemetry_agent
 from chatfleet.cli.cache import cache
+from chatfleet.cli.deploy import deploy_app
 from chatfleet.cli.gateway import gateway
+from chatfleet.cli.launch import launch
 from chatfleet.cli.plan import plan
 from chatfleet.cli.report import report
 from chatfleet.cli.simserver import simserver
@@ -29,6 +31,8 @@ app.command("report")(report)
 app.command("telemetry-agent")(telemetry_agent)
 app.command("cache")(cache)
 app.add_typer(twin_app, name="twin")
+app.command("launch")(launch)
+app.add_typer(deploy_app, name="deploy")
 
 
 def _version(value: bool) -> None:
