@@ -27,7 +27,8 @@ def simserver(
         1.0, help="Run k times faster than the modelled GPU (for tests; every report converts "
                   "back to model time)."),
     thermal: bool = typer.Option(False, "--thermal", help="Switch the thermal model on."),
-    seed: int = typer.Option(0, help="Seed of replica i is seed + i."),
+    seed: int = typer.Option(0, help="Seed of replica i is seed + i (the oracle draws from "
+                             "seed itself, the same for every replica)."),
     trace: Path | None = typer.Option(None, help="Write every token's planned and actual send "
                                       "time and every scheduler step here (JSON lines)."),
     max_running_requests: int | None = typer.Option(None, help="Engine cap."),
@@ -37,6 +38,12 @@ def simserver(
     served_model_name: str = typer.Option("qwen3-8b", help="Name /v1/models reports."),
     profile: Path | None = typer.Option(None, help="A calibration profile from `chatfleet "
                                         "twin calibrate`."),
+    oracle_dataset: Path | None = typer.Option(
+        None, help="Oracle mode: answer the questions of this GSM8K or prompts file (JSON "
+                   "Lines) right with probability --oracle-accuracy (docs/accuracy.md)."),
+    oracle_accuracy: float = typer.Option(
+        1.0, help="Oracle mode: probability that a question is answered right, drawn per "
+                  "question from --seed."),
 ) -> None:
     """Serve the engine model over HTTP in wall-clock time, as SGLang would on that GPU."""
     from chatfleet.simserver.server import ServerConfig, start
@@ -46,6 +53,10 @@ def simserver(
             fail("--replicas must be at least 1")
         if not (math.isfinite(time_scale) and time_scale > 0):
             fail("--time-scale must be a positive finite number")
+        if not (0.0 <= oracle_accuracy <= 1.0):
+            fail("--oracle-accuracy must lie in [0, 1]")
+        if oracle_dataset is not None and not oracle_dataset.is_file():
+            fail(f"--oracle-dataset: no file {oracle_dataset}")
         if not 0 <= port <= 65535 or (port and port + replicas - 1 > 65535):
             fail(f"--port {port} with {replicas} replicas is outside 0..65535")
         from chatfleet.cli.twin import profile_calibration
@@ -57,7 +68,15 @@ def simserver(
         spec.pool_plan()
         cfg = ServerConfig(spec=spec, host=host, port=port, replicas=replicas,
                            time_scale=time_scale, seed=seed, trace=trace,
-                           served_model_name=served_model_name)
+                           served_model_name=served_model_name,
+                           oracle_dataset=oracle_dataset, oracle_accuracy=oracle_accuracy)
+        oracle_note = None
+        if oracle_dataset is not None:  # read it now: a bad file is a one-line error
+            from chatfleet.simserver.oracle import Oracle
+
+            ds = Oracle.load(oracle_dataset, oracle_accuracy, seed).dataset
+            oracle_note = (f"oracle: {len(ds.items)} questions of {oracle_dataset} ({ds.kind}), "
+                           f"accuracy {oracle_accuracy}, seed {seed}")
 
     async def main() -> None:
         srv = await start(cfg)
@@ -66,6 +85,8 @@ def simserver(
         cal = "" if spec.gpu.name == "l4" else " (uncalibrated)"
         console.print(f"simserver: {spec.model.name} on {spec.gpu.name}{cal}, "
                       f"{spec.precision.label}, time scale {time_scale}; Ctrl-C stops")
+        if oracle_note is not None:
+            console.print(oracle_note)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

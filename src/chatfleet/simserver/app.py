@@ -22,7 +22,8 @@ from chatfleet.simserver.api import (
     error_body,
     openapi,
 )
-from chatfleet.simserver.generation import AnswerMaker
+from chatfleet.simserver.generation import Answer, AnswerMaker
+from chatfleet.simserver.oracle import Oracle
 from chatfleet.simserver.replica import Handle, Replica
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -67,10 +68,12 @@ async def never_500(request: web.Request, handler: Handler) -> web.StreamRespons
 
 
 class ReplicaApp:
-    def __init__(self, replica: Replica, tok: QwenTokenizer, answers: AnswerMaker) -> None:
+    def __init__(self, replica: Replica, tok: QwenTokenizer, answers: AnswerMaker,
+                 oracle: Oracle | None = None) -> None:
         self.replica = replica
         self.tok = tok
         self.answers = answers
+        self.oracle = oracle
         self.app = web.Application(middlewares=[never_500], client_max_size=64 * 1024 * 1024)
         r = self.app.router
         r.add_post("/v1/chat/completions", self.chat)
@@ -110,7 +113,8 @@ class ReplicaApp:
         return asked
 
     def _admit(self, rid: str | None, prompt: list[int], max_new: int, min_tokens: int,
-               ignore_eos: bool, thinking: bool, stop: list[str]) -> Handle:
+               ignore_eos: bool, thinking: bool, stop: list[str],
+               question: str | None = None) -> Handle:
         why = self.replica.check(len(prompt), max_new)
         if why is not None:
             raise BadRequest(why, "max_tokens" if "max_new_tokens" in why else None)
@@ -120,9 +124,24 @@ class ReplicaApp:
         rid = rid or uuid.uuid4().hex
         if rid in self.replica.handles:
             raise BadRequest(f"request id {rid!r} is already in use", "rid")
-        answer = self.answers.make(self.replica.rng, max_tokens=max_new, min_tokens=min_tokens,
-                                   ignore_eos=ignore_eos, thinking=thinking, stop=stop)
+        answer = self._oracle_answer(question, max_new, min_tokens, ignore_eos, thinking, stop)
+        if answer is None:
+            answer = self.answers.make(self.replica.rng, max_tokens=max_new,
+                                       min_tokens=min_tokens, ignore_eos=ignore_eos,
+                                       thinking=thinking, stop=stop)
         return self.replica.submit(rid, prompt, answer, max_new)
+
+    def _oracle_answer(self, question: str | None, max_new: int, min_tokens: int,
+                       ignore_eos: bool, thinking: bool, stop: list[str]) -> Answer | None:
+        """Oracle mode: the answer to a question of the oracle's dataset (None otherwise)."""
+        if self.oracle is None or question is None:
+            return None
+        item = self.oracle.match(question)
+        if item is None:
+            return None
+        return self.oracle.make(item, self.tok, self.answers, self.replica.rng,
+                                max_tokens=max_new, min_tokens=min_tokens,
+                                ignore_eos=ignore_eos, thinking=thinking, stop=stop)
 
     # --- OpenAI ---------------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -148,8 +167,10 @@ class ReplicaApp:
         prompt = self.tok.encode(text)
         asked = req.max_completion_tokens or req.max_tokens
         max_new = self._max_new(len(prompt), asked)
+        users = [m.get("content") for m in messages if m.get("role") == "user"]
+        question = users[-1] if users and isinstance(users[-1], str) else None
         h = self._admit(req.rid, prompt, max_new, req.min_tokens, req.ignore_eos, thinking,
-                        req.stop_list())
+                        req.stop_list(), question)
         opts = req.stream_options
         if req.stream:
             return await self._stream(request, h, "chat", opts.include_usage if opts else False,
@@ -174,7 +195,7 @@ class ReplicaApp:
             raise BadRequest("the prompt is empty", "prompt")
         max_new = self._max_new(len(prompt), req.max_tokens)
         h = self._admit(req.rid, prompt, max_new, req.min_tokens, req.ignore_eos, False,
-                        req.stop_list())
+                        req.stop_list(), req.prompt if isinstance(req.prompt, str) else None)
         opts = req.stream_options
         if req.stream:
             return await self._stream(request, h, "text",

@@ -14,6 +14,7 @@ from chatfleet.core.engine.build import EngineSpec
 from chatfleet.datasets import load_qwen_tokenizer
 from chatfleet.simserver.app import ReplicaApp
 from chatfleet.simserver.generation import AnswerMaker
+from chatfleet.simserver.oracle import Oracle
 from chatfleet.simserver.replica import Replica, TraceWriter
 from chatfleet.threads import running_in_thread
 
@@ -31,6 +32,10 @@ class ServerConfig:
     trace: Path | None = None
     served_model_name: str = "qwen3-8b"
     answer_median_tokens: float = 200.0
+    # oracle mode (docs/accuracy.md): answer this dataset's questions right with this probability,
+    # drawn per question from `seed` (the same for every replica of the server)
+    oracle_dataset: Path | None = None
+    oracle_accuracy: float = 1.0
 
 
 @dataclass(slots=True)
@@ -57,13 +62,15 @@ async def start(cfg: ServerConfig) -> RunningServer:
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     tok = load_qwen_tokenizer()
     answers = AnswerMaker(tok, median_tokens=cfg.answer_median_tokens)
+    oracle = (Oracle.load(cfg.oracle_dataset, cfg.oracle_accuracy, cfg.seed)
+              if cfg.oracle_dataset is not None else None)
     trace = TraceWriter(cfg.trace) if cfg.trace is not None else None
     srv = RunningServer(trace=trace)
     try:
         for i in range(cfg.replicas):
             rep = Replica(f"replica-{i}", cfg.spec, time_scale=cfg.time_scale, seed=cfg.seed + i,
                           trace=trace, served_model_name=cfg.served_model_name)
-            app = ReplicaApp(rep, tok, answers).app
+            app = ReplicaApp(rep, tok, answers, oracle).app
             runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
             await runner.setup()
             port = cfg.port + i if cfg.port else 0

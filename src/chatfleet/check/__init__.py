@@ -1,0 +1,1 @@
+"""The check job's shells: `chatfleet accuracy` (accuracy of a precision choice)."""
