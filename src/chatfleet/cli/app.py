@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from chatfleet import __version__
+from chatfleet.cli.accuracy import accuracy
 from chatfleet.cli.agent import telemetry_agent
 from chatfleet.cli.cache import cache
 from chatfleet.cli.deploy import deploy_app
@@ -30,6 +31,7 @@ app.command("gateway")(gateway)
 app.command("report")(report)
 app.command("telemetry-agent")(telemetry_agent)
 app.command("cache")(cache)
+app.command("accuracy")(accuracy)
 app.add_typer(twin_app, name="twin")
 app.command("launch")(launch)
 app.add_typer(deploy_app, name="deploy")
