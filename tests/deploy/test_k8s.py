@@ -27,7 +27,7 @@ EXAMPLE = ROOT / "deploy" / "k8s"
 # the command that wrote deploy/k8s (docs/deploy.md says the same)
 EXAMPLE_ARGS = ["deploy", "k8s", "--cap", "16", "--weights", "fp8", "--kv-cache", "fp8",
                 "--replicas", "4", "--gateways", "2"]
-# the oldest Kubernetes minor GKE still offers and the newest schema the package ships
+# an older Kubernetes minor and the newest schema the package ships
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
