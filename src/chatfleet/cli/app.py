@@ -8,6 +8,7 @@ from chatfleet import __version__
 from chatfleet.cli.accuracy import accuracy
 from chatfleet.cli.agent import telemetry_agent
 from chatfleet.cli.cache import cache
+from chatfleet.cli.demo import demo
 from chatfleet.cli.deploy import deploy_app
 from chatfleet.cli.gateway import gateway
 from chatfleet.cli.launch import launch
@@ -24,6 +25,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.command("demo")(demo)
 app.command("plan")(plan)
 app.command("simserver")(simserver)
 app.command("sweep")(sweep)

@@ -1,0 +1,44 @@
+"""`chatfleet demo`: the plan through the twin, the live proof behind the gateway, the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from chatfleet.cli import app
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_demo_answers_proves_it_live_and_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(app, ["demo", "--out", str(out), "--users", "50",
+                                   "--live-seconds", "15"])
+    assert res.exit_code == 0, res.output
+    text = res.output
+    assert "recommended: fp8" in text and "sglang.launch_server" in text
+    assert f"report: {out / 'report.html'}" in " ".join(text.split())
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "live" in html
+    plan = json.loads((out / "plan.json").read_text())
+    cap = plan["recommendation"]["gateway_cap"]
+    # the cap one step below the knee (the demo's --cap-margin 1)
+    assert cap < plan["recommendation"]["users_per_card"]
+    summary = json.loads((out / "demo.json").read_text())
+    live = summary["live"]
+    assert live["users"] == 2 * 2 * cap  # twice the fleet's cap
+    assert all(n <= cap for n in live["max_in_flight_seen_by_replicas"].values())
+    s = live["live"]
+    assert s["shed"] > 0 and s["failed"] == 0  # past the knee: sheds, nothing lost
+    assert s["offered"] == s["completed"] + s["shed"] + s["failed"]
+    assert s["admitted_attainment"] is not None
+    for name in ("bf16", "fp8"):
+        doc = json.loads((out / f"twin-{name}.json").read_text())
+        assert doc["schema"] == "chatfleet.sweep/1"
+        modes = {p["load"]["mode"] for p in doc["points"]}
+        assert modes == {"closed", "open"}  # a closed-loop and a fixed-rate sweep
+        assert doc["workload"]["system_prompt_tokens"] == 2048
+        assert doc["workload"]["lengths"]["kind"] == "uniform"
