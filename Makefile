@@ -20,21 +20,15 @@ $(STAMP): requirements.lock pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/chatfleet plan --gpu l4 --model qwen3-8b --weights bf16 --kv-cache bf16
-	$(BIN)/chatfleet plan --gpu l4 --model qwen3-8b --weights fp8 --kv-cache fp8
-	$(BIN)/chatfleet twin sweep --gpu l4 --model qwen3-8b --weights bf16 --kv-cache bf16 \
-		--lengths uniform --range-convention vllm --range-ratio 0.5 \
-		--concurrency 1,2,4,8,16,32,64 --json $(OUT)/twin-l4-bf16.json
-	$(BIN)/chatfleet twin sweep --gpu l4 --model qwen3-8b --weights fp8 --kv-cache fp8 \
-		--lengths uniform --range-convention vllm --range-ratio 0.5 \
-		--concurrency 1,2,4,8,16,32,64 --json $(OUT)/twin-l4-fp8.json
+	$(BIN)/chatfleet demo --out $(OUT)/demo
 
-# Debian packages the tests use: chromium (the report's rendering test) and redis-server (the
-# gateways' shared state). Installed when missing and when we may (root); otherwise the tests
-# that need them skip and say why.
+# Debian packages the tests use: chromium (the report's rendering test), redis-server (the
+# gateways' shared state) and prometheus (its promtool checks the deploy files). Installed when
+# missing and when we may (root); otherwise the tests that need them skip and say why.
 system-deps:
 	@missing=""; command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	  command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	  command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	  [ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing) \
 	  || echo "missing:$$missing: the tests that need them will skip"; }
