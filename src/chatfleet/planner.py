@@ -41,7 +41,7 @@ from chatfleet.twin.sweep import TwinSweep
 
 PLAN_SCHEMA = "chatfleet.plan/1"
 DEFAULT_GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-DEFAULT_RATES = (0.25, 0.5, 1.0, 2.0, 4.0)
+DEFAULT_RATES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
 SGLANG_PORT = 30000
 
 # Progress: (what is running, finished steps, all steps).
