@@ -2,7 +2,8 @@
 
 Front: POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1/models;
 /health (the process is up), /ready (at least one replica takes requests), /metrics
-(Prometheus). Admin (admin key): /admin/replicas, /admin/limits, /admin/reload (gateway/admin.py).
+(Prometheus), /openapi.json (its OpenAPI description, gateway/openapi.py). Admin (admin key):
+/admin/replicas, /admin/limits, /admin/reload (gateway/admin.py).
 Background: health probes, the idle/total timeout sweep, and the config file watch.
 """
 
@@ -31,6 +32,7 @@ from chatfleet.gateway import errors
 from chatfleet.gateway.config import ConfigError, GatewayConfig, KeyConfig, Overrides, load_config
 from chatfleet.gateway.fleet import DecisionLog, LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics, exposition, registry
+from chatfleet.gateway.openapi import openapi
 from chatfleet.gateway.relay import Call, Relay, next_request_id
 from chatfleet.gateway.shared import SharedCaps
 from chatfleet.gateway.state import MemoryState, StateBackend, StateUnavailable
@@ -87,6 +89,7 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         self._config_mtime = self._mtime()
         self._models: tuple[float, bytes] | None = None
+        self._openapi: bytes | None = None
         self._session: aiohttp.ClientSession | None = None
         self.relay = Relay(self)
         self.app = self._build_app()
@@ -104,6 +107,7 @@ class Gateway:
         r.add_get("/health", self.health)
         r.add_get("/ready", self.ready)
         r.add_get("/metrics", self.metrics_route)
+        r.add_get("/openapi.json", self.openapi)
         add_admin_routes(self, r)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
@@ -317,6 +321,11 @@ class Gateway:
         return web.Response(body=exposition(self.registry),
                             content_type="text/plain", charset="utf-8",
                             headers={"X-Content-Type-Options": "nosniff"})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        if self._openapi is None:
+            self._openapi = orjson.dumps(openapi())
+        return web.Response(body=self._openapi, content_type="application/json")
 
     # --- configuration ------------------------------------------------------------------------
     def apply(self, cfg: GatewayConfig) -> None:
