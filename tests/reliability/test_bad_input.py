@@ -3,16 +3,30 @@ hang or a crash; the gateway serves normally afterwards."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
+from chatfleet.gateway.config import hash_key
 from tests.gateway.conftest import raw_connection, raw_post
 from tests.reliability.conftest import fleet, record
 from tests.reliability.test_faults import ask
+from tests.simserver.test_schemathesis import GENERATING, bound
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 MSG = b'{"role": "user", "content": "hi"}'
 
@@ -89,4 +103,85 @@ def test_garbage_gets_a_clear_4xx_and_no_crash(tmp_path: Path) -> None:
     assert not bad, bad
     assert set(unanswered) <= {"a Content-Length that lies (longer than the body)"}
     assert all(v is None or 200 <= v < 500 for v in seen.values())
+    assert all(r["outcome"] == "ok" for r in after)
+
+
+# --- Schemathesis over the gateway's own OpenAPI description ------------------------------------
+#
+# Driven as tests/simserver/test_schemathesis.py drives the simserver (its docstring says why
+# `from_url` + `as_strategy` + `@given` rather than the pytest loader, and how every generating
+# case is bounded to 8 tokens). Phase 1: every operation without a key (the admin API answers
+# 401), positive and negative modes. Phase 2: the admin operations with the admin key; the file
+# is reloaded after it, which restates whatever the cases changed.
+
+ADMIN_KEY = "admin-key-schemathesis"
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
+          response_headers_conformance, response_schema_conformance]
+
+
+def schemathesis_run(url: str, mode: GenerationMode, examples: int, *, admin: bool = False,
+                     ) -> dict[str, int]:
+    schema = schemathesis.openapi.from_url(url + "/openapi.json")
+    if admin:
+        schema = schema.include(path_regex="^/admin")
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"} if admin else None
+    seen: dict[str, int] = {}
+    session = requests.Session()
+
+    @settings(max_examples=examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=schema.as_strategy(generation_mode=mode))
+    def check(case: Any) -> None:
+        if case.path in GENERATING:
+            case.body = bound(case.body)
+        response = case.call(base_url=url, session=session, headers=headers, timeout=30)
+        key = f"{case.method} {case.path} {response.status_code}"
+        seen[key] = seen.get(key, 0) + 1
+        what = (case.method, case.path, case.headers, case.body, response.text[:300])
+        assert response.status_code < 500, what
+        if response.status_code >= 400:
+            err = response.json()["error"]
+            assert isinstance(err["message"], str) and err["message"], what
+            assert {"type", "param", "code"} <= set(err), what
+        case.validate_response(response, checks=CHECKS)
+
+    try:
+        check()
+    finally:
+        session.close()
+    return seen
+
+
+def test_schemathesis_over_the_gateway(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    with fleet(tmp_path, cap=4, gateways=1, replicas=1,
+               extra={"admin": {"sha256": hash_key(ADMIN_KEY)}}) as f:
+        url = f.gateway_urls[0]
+        seen: dict[str, dict[str, int]] = {}
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            seen[mode.value] = schemathesis_run(url, mode, 150)
+            seen[f"admin {mode.value}"] = schemathesis_run(url, mode, 40, admin=True)
+        restated = requests.post(url + "/admin/reload", timeout=10,
+                                 headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        assert restated.status_code == 200, restated.text
+        assert requests.get(url + "/health", timeout=5).status_code == 200
+        after = [ask(url, 10, f"s{i}") for i in range(3)]
+    cases = {k: sum(v.values()) for k, v in seen.items()}
+    statuses = sorted({int(k.rsplit(" ", 1)[1]) for v in seen.values() for k in v})
+    pos, neg = seen["positive"], seen["negative"]
+    record("input", f"Schemathesis over the gateway's /openapi.json: {sum(cases.values())} "
+           f"generated requests (positive {cases['positive']}, negative {cases['negative']}, "
+           f"admin API with its key {cases['admin positive'] + cases['admin negative']}), "
+           "every generating one bounded to 8 tokens",
+           "no 5xx, every 4xx with the OpenAI error body, status, content type, headers and "
+           "body as described; the gateway serves normally afterwards",
+           f"statuses {statuses}; no 5xx; every answer conformant; "
+           f"{sum(r['outcome'] == 'ok' for r in after)}/3 ok afterwards "
+           f"({time.monotonic() - t0:.0f} s)",
+           requests_sent=sum(cases.values()) + 3, lost=0)
+    # the run reached the generating routes, with answers and with rejections
+    for path in GENERATING:
+        assert any(k.startswith(f"POST {path} 200") for k in pos), pos
+        assert any(k.startswith(f"POST {path} 400") for k in neg), neg
+    assert any(k.endswith(" 401") for k in pos), pos  # the admin API without its key
     assert all(r["outcome"] == "ok" for r in after)
