@@ -53,7 +53,10 @@ def test_a_cap_margin_lowers_the_cap_by_grid_steps() -> None:
     assert figures_from_sweep(d, "s").gateway_cap == 7
     assert figures_from_sweep(d, "s", cap_margin=1).gateway_cap == 6
     assert figures_from_sweep(d, "s", cap_margin=5).gateway_cap == 4  # the lowest tested
-    assert figures_from_sweep(d, "s", cap_margin=1).users_per_card == 8
+    lowered = figures_from_sweep(d, "s", cap_margin=1)
+    # the users the lowered cap admits, and that point's figures
+    assert lowered.users_per_card == 6 and lowered.goodput_rps == 0.7
+    assert lowered.source["point"] == 1 and lowered.knee == {"meets": 8, "fails": 16}
 
 
 def test_a_sweep_where_nothing_meets_has_no_users_per_card() -> None:

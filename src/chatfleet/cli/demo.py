@@ -24,7 +24,7 @@ def demo(
     users: int = typer.Option(200, help="Concurrent users to plan for."),
     live_seconds: float = typer.Option(60.0, help="Measurement window of the live run."),
     overload: float = typer.Option(2.0, help="Live load in multiples of the fleet's cap."),
-    cap_margin: int = typer.Option(1, help="Gateway cap this many steps below the knee."),
+    cap_margin: int = typer.Option(0, help="Gateway cap this many grid steps below the knee."),
     live: bool = typer.Option(True, "--live/--no-live", help="Run the live part."),
     seed: int = typer.Option(1, help="Base seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),

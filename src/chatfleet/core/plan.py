@@ -81,8 +81,9 @@ def figures_from_sweep(doc: Mapping[str, Any], sweep_name: str,
                        cap_margin: int | None = None) -> PrecisionFigures:
     """Read one precision's figures from its sweep document. `sweep_name` says where the
     document is (a file path, or 'twin' for one the plan ran) and goes into `source`. With
-    `cap_margin`, the cap is recomputed that many grid steps below the knee (else the sweep's
-    own `recommended_cap`)."""
+    `cap_margin` m > 0, the figures are those of the tested user count m grid steps below the
+    knee's `meets` (the users the lowered cap admits; else the sweep's own `recommended_cap`
+    at `meets`)."""
     target = doc.get("target") or {}
     weights, kv = target.get("weights"), target.get("kv_cache")
     if not isinstance(weights, str) or not isinstance(kv, str):
@@ -95,8 +96,13 @@ def figures_from_sweep(doc: Mapping[str, Any], sweep_name: str,
     users = cap = None
     goodput = tok_s = ttft99 = None
     if knee.get("meets") is not None:
-        index, point = _point_at(doc, "closed", float(knee["meets"]))
-        users = int(knee["meets"])
+        at = float(knee["meets"])
+        if cap_margin:
+            grid = sorted({load_value(p) for p in doc.get("points", [])
+                           if p.get("valid", True) and p["load"]["mode"] == "closed"})
+            at = grid[max(0, grid.index(at) - cap_margin)]
+        index, point = _point_at(doc, "closed", at)
+        users = int(at)
         cap = (doc.get("recommended_cap") if cap_margin is None
                else recommended_cap(doc.get("points", []), knee, cap_margin))
         cap = int(cap) if cap is not None else users
