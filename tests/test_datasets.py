@@ -304,7 +304,7 @@ def test_load_length_file_jsonl(tmp_path: Path) -> None:
         ('{"input_len": 3, "output_len": -1}', r"line 2: output_len must be a positive integer"),
         ('{"input_len": 3.5, "output_len": 4}', r"line 2: input_len must be a positive integer"),
         ('{"input_len": true, "output_len": 4}', r"line 2: input_len must be a positive integer"),
-        ("[1, 2]", r"line 2: expected an object"),
+        ("[1, 2]", r"line 2: expected a JSON object"),
     ],
 )
 def test_load_length_file_errors(tmp_path: Path, line: str, message: str) -> None:

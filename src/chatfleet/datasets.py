@@ -44,6 +44,8 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from chatfleet.core.jsonl import json_objects
+
 __all__ = [
     "SHAREGPT_MAX_PROMPT_LEN",
     "SHAREGPT_MAX_TOTAL_LEN",
@@ -746,18 +748,7 @@ def load_length_file(
             raise ValueError(f"{file}: ShareGPT-shaped file with no usable conversation")
         return pairs
     out: list[tuple[int, int]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{file}, line {lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: bad JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(row, dict):
-            raise ValueError(
-                f"{where}: expected an object with input_len and output_len, got {line.strip()!r}"
-            )
+    for where, row in json_objects(text.splitlines(), str(file)):
         missing = [k for k in ("input_len", "output_len") if k not in row]
         if missing:
             raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
@@ -780,17 +771,9 @@ def load_gsm8k(path: str | os.PathLike[str]) -> list[dict[str, str]]:
     file = Path(path)
     rows: list[dict[str, str]] = []
     with file.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{file}, line {lineno}: bad JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not all(
-                isinstance(row.get(k), str) for k in ("question", "answer")
-            ):
-                raise ValueError(f"{file}, line {lineno}: needs string 'question' and 'answer'")
+        for where, row in json_objects(f, str(file)):
+            if not all(isinstance(row.get(k), str) for k in ("question", "answer")):
+                raise ValueError(f"{where}: needs string 'question' and 'answer'")
             rows.append({"question": row["question"], "answer": row["answer"]})
     return rows
 

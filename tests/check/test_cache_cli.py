@@ -149,9 +149,9 @@ def test_bad_options_give_one_line_errors(args: list[str], message: str) -> None
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ("{not json", "t.jsonl:2: not valid JSON"),
-    ('["a list"]', "t.jsonl:2: each line must be a JSON object"),
-    ('{"session": "s", "turn": 1}', "t.jsonl:2: missing 'time'"),
+    ("{not json", "t.jsonl, line 2: bad JSON"),
+    ('["a list"]', "t.jsonl, line 2: expected a JSON object"),
+    ('{"session": "s", "turn": 1}', "t.jsonl, line 2: missing 'time'"),
     ('{"session": "s", "turn": -1, "time": 0, "prompt_tokens": 5}', "'turn' must be"),
     ('{"session": "s", "turn": 1, "time": -3, "prompt_tokens": 5}', "'time' must be"),
     ('{"session": "s", "turn": 1, "time": 0, "prompt_tokens": []}', "non-empty list"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from array import array
@@ -40,6 +39,7 @@ from chatfleet.core.cache_analysis import (
 )
 from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.engine.radix import EVICTION_POLICIES
+from chatfleet.core.jsonl import json_objects
 from chatfleet.core.specs import precision
 
 
@@ -95,16 +95,7 @@ def load_trace_file(path: Path, shared_prefix_tokens: int,
     seen: set[tuple[str, int]] = set()
     tokenizer = None
     with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{where}: each line must be a JSON object")
+        for where, rec in json_objects(f, str(path)):
             for key in ("session", "turn", "time"):
                 if key not in rec:
                     raise ValueError(f"{where}: missing {key!r}")

@@ -32,7 +32,6 @@ question sample. Formulas (docs/accuracy.md states them too), with z = 1.9599639
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
@@ -42,6 +41,8 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from statistics import NormalDist
 from typing import Any, Literal
+
+from chatfleet.core.jsonl import json_objects
 
 __all__ = [
     "DIFF_METHOD",
@@ -125,16 +126,7 @@ def parse_dataset_lines(lines: Iterable[str], source: str,
     """
     items: list[Item] = []
     kind: Literal["gsm8k", "prompts"] | None = None
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{source}, line {lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise AccuracyError(f"{where}: bad JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise AccuracyError(f"{where}: expected a JSON object")
+    for where, row in json_objects(lines, source, AccuracyError):
         if kind is None:
             kind = "gsm8k" if "question" in row and "prompt" not in row else "prompts"
         if kind == "gsm8k":
