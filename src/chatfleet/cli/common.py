@@ -21,6 +21,30 @@ console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 160)
 
 
+@contextmanager
+def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
+    """A callback `(what, done, total)` that keeps one bar per `what` on stderr, for long work
+    (plan, demo) that reports its own progress."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(what: str, done: int, total: int) -> None:
+            if what not in tasks:
+                tasks[what] = bar.add_task(what, total=total)
+            bar.update(tasks[what], completed=done, total=total)
+
+        yield update
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code)

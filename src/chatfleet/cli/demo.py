@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from chatfleet.cli.common import clean_errors, console, fail, out, print_json
+from chatfleet.cli.common import clean_errors, console, fail, out, print_json, progress_bars
 from chatfleet.cli.plan import pool_table, print_answer
 from chatfleet.cli.twin import fmt
 from chatfleet.core.memory import plan_pool
@@ -41,15 +40,7 @@ def demo(
         if not as_json:
             for w in ("bf16", "fp8"):
                 out.print(pool_table(plan_pool(get_gpu("l4"), builtin_model("qwen3-8b"), w, w)))
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as bar:
-            tasks: dict[str, Any] = {}
-
-            def progress(what: str, done: int, total: int) -> None:
-                if what not in tasks:
-                    tasks[what] = bar.add_task(what, total=total)
-                bar.update(tasks[what], completed=done, total=total)
-
+        with progress_bars() as progress:
             def stage(text: str) -> None:
                 console.print(f"[bold]demo:[/] {text}")
 

@@ -8,18 +8,17 @@ from typing import Any
 
 import typer
 import yaml
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from chatfleet.cli.common import (
     clean_errors,
-    console,
     fail,
     load_gpu,
     load_model,
     out,
     parse_list,
     print_json,
+    progress_bars,
     write_json_atomic,
 )
 from chatfleet.cli.twin import fmt
@@ -103,15 +102,7 @@ def plan(
             warmup_s=warmup, seed=seed, doubling_hours=doubling_hours, eviction=eviction,
             model_path=model_path, cap_margin=cap_margin)
         req.profile.workload()  # bad lengths or turns fail here, before any work
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as bar:
-            tasks: dict[str, Any] = {}
-
-            def progress(what: str, done: int, total: int) -> None:
-                if what not in tasks:
-                    tasks[what] = bar.add_task(what, total=total)
-                bar.update(tasks[what], completed=done, total=total)
-
+        with progress_bars() as progress:
             doc = make_plan(req, progress)
         if out_path is not None:
             write_json_atomic(out_path, doc)
