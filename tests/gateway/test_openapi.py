@@ -13,6 +13,7 @@ from chatfleet.gateway.app import Gateway
 from chatfleet.gateway.config import hash_key
 from chatfleet.gateway.openapi import openapi
 from tests.gateway.conftest import Fake, gateway, gateway_config
+from tests.gateway.test_relay import chat
 
 METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
 
@@ -78,3 +79,21 @@ def test_served_without_a_key(fakes2: list[Fake]) -> None:
         assert r.json() == openapi()
         # while the API itself needs one
         assert requests.get(g.url + "/v1/models", timeout=5).status_code == 401
+
+
+def test_a_relayed_stream_matches_the_described_events(fakes2: list[Fake]) -> None:
+    """Each server-sent event of a streamed answer (as a client parses it: `data:` lines)
+    validates against the description's text/event-stream schema: the check Schemathesis's
+    response_schema_conformance makes on every streamed case."""
+    op = openapi()["paths"]["/v1/chat/completions"]["post"]
+    validator = Draft202012Validator(op["responses"]["200"]["content"]["text/event-stream"]
+                                     ["schema"])
+    with gateway(gateway_config([f.url for f in fakes2])) as g:
+        resp = chat(g.url, {"chunks": 3})
+    assert resp.status_code == 200
+    found = [{"data": line[len("data: "):]} for line in resp.text.splitlines()
+             if line.startswith("data: ")]
+    assert len(found) >= 4 and found[-1] == {"data": "[DONE]"}
+    for event in found:
+        validator.validate(event)
+    assert not Draft202012Validator(validator.schema).is_valid("data: [DONE]")  # not raw text

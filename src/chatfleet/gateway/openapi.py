@@ -48,6 +48,10 @@ _INT = {"type": "integer"}
 _NUM = {"type": "number"}
 _STR = {"type": "string"}
 _BOOL = {"type": "boolean"}
+# One server-sent event, as a client parses the stream (the engine's chunks relayed byte for
+# byte: `data:` lines of JSON chunks, then `data: [DONE]`).
+_SSE_EVENT = {"type": "object", "required": ["data"],
+              "properties": {"data": _STR, "event": _STR, "id": _STR, "retry": _INT}}
 
 SCHEMAS: dict[str, Schema] = {
     "Error": {
@@ -247,7 +251,7 @@ def _generate(request: str, what: str) -> dict[str, Any]:
                                     "description": "the replica (with debug_headers)",
                                     "schema": _STR}},
                     "content": {JSON: {"schema": _ref("Completion")},
-                                SSE: {"schema": _STR}}},
+                                SSE: {"schema": _SSE_EVENT}}},
             "400": _error("the body is not a JSON object, a checked field is wrong (param "
                           "names it), or the engine rejected the request (code "
                           "engine_rejected)"),
