@@ -300,7 +300,7 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> dict[str, A
                 "host_tokens": host_tokens}
         gw = gateway_config(req, best, size["replicas"])
         if progress is not None:
-            progress("doubled traffic for an hour (thermal model on)", 0, 1)
+            progress("target and doubled traffic through the fleet twin", 0, 1)
         answer = {
             "recommendation": {
                 "precision": best.name, "weights": best.weights, "kv_cache": best.kv_cache,
@@ -316,7 +316,7 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> dict[str, A
             "gateway_config": gw,
         }
         if progress is not None:
-            progress("doubled traffic for an hour (thermal model on)", 1, 1)
+            progress("target and doubled traffic through the fleet twin", 1, 1)
         top = pool.to_json()
     else:
         answer = {"recommendation": None, "why_none": why}
