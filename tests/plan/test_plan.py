@@ -178,3 +178,15 @@ def test_a_file_that_is_not_a_sweep_is_refused(tmp_path: Path) -> None:
     f.write_text("{not json")
     code, out = plan("--users", "10", "--sweep", str(f))
     assert code == 2 and "not readable JSON" in words(out)
+
+
+def test_a_live_sweep_directory_is_read_like_its_sweep_json(tmp_path: Path,
+                                                            answer: dict[str, Any]) -> None:
+    live = tmp_path / "live-fp8"
+    live.mkdir()
+    (live / "sweep.json").write_text(json.dumps(answer["sweeps"]["fp8"]["document"]))
+    doc = plan_json("--sweep", str(live))
+    assert set(doc["by_precision"]) == {"fp8"}  # only what was measured
+    assert doc["recommendation"]["users_per_card"] == answer["by_precision"]["fp8"][
+        "users_per_card"]
+    assert doc["sweeps"]["fp8"] == {"source": str(live), "document": None}
