@@ -113,7 +113,7 @@ def run_demo(cfg: DemoConfig, progress: Progress | None = None,
         say(f"live: {cfg.replicas} simserver replicas behind the gateway at cap "
             f"{rec['gateway_cap']}, {cfg.overload:g}x the fleet's cap for {cfg.live_s:g} s")
         result["live"] = run_live(cfg, plan)
-        sources.append(cfg.out / "live" / "sweep.json")
+        sources.append(cfg.out / "live")  # a sweep directory: labelled "live" in the report
     say("the report")
     paths = build_report(sources, out_dir=cfg.out,
                          title="chatfleet demo: Qwen3-8B on L4 (twin and simserver)")

@@ -22,7 +22,7 @@ def test_the_demo_answers_proves_it_live_and_writes_the_report(tmp_path: Path) -
     assert "recommended: fp8" in text and "sglang.launch_server" in text
     assert f"report: {out / 'report.html'}" in " ".join(text.split())
     html = (out / "report.html").read_text()
-    assert "<svg" in html and "live" in html
+    assert "<svg" in html and "L4 FP8 (live)" in html
     plan = json.loads((out / "plan.json").read_text())
     cap = plan["recommendation"]["gateway_cap"]
     assert cap == plan["recommendation"]["users_per_card"]  # no think time: users in flight
