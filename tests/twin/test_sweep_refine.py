@@ -35,3 +35,18 @@ def test_without_refine_the_grid_is_all_that_runs() -> None:
     doc = sweeper().run(loads)
     assert [p["load"]["concurrency"] for p in doc["points"]] == [1, 64]
     assert doc["knee"] == {"meets": 1, "fails": 64}
+
+
+def test_an_open_bracket_is_closed_before_it_is_bisected() -> None:
+    """A grid whose top still meets is doubled until a load fails; an open-loop grid whose
+    lowest rate fails is halved until one meets; then both are bisected as usual."""
+    loads: list[dict[str, Any]] = [{"mode": "closed", "concurrency": c} for c in (1, 4)]
+    loads += [{"mode": "open", "rate_rps": 8.0}]
+    doc = sweeper().run(loads, refine=True)
+    knee, rate = doc["knee"], doc["knee_rate"]
+    closed = [p["load"]["concurrency"] for p in doc["points"] if p["load"]["mode"] == "closed"]
+    assert closed[:5] == [1, 4, 8, 16, 32]  # doubled from the top until one failed
+    assert knee["meets"] is not None and knee["fails"] == knee["meets"] + 1
+    opened = [p["load"]["rate_rps"] for p in doc["points"] if p["load"]["mode"] == "open"]
+    assert opened[:3] == [8.0, 4.0, 2.0]  # halved from the lowest until one met
+    assert rate["meets"] is not None and rate["fails"] is not None

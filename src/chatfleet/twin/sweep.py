@@ -1,7 +1,8 @@
 """A twin sweep: load points through the engine model (or a fleet of them behind the gateway's
 core), the chatfleet.sweep/1 document rebuilt after every point, and an optional refinement
-that bisects each knee bracket (closed loop to one user, open loop to 10% of the rate), as the
-live sweep's `--refine` does."""
+that closes an open knee bracket (doubles the top load while it still meets; in open loop
+halves the lowest rate while it fails) and then bisects it (closed loop to one user, open loop
+to 10% of the rate), as the live sweep's `--refine` bisects."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ from chatfleet.twin.run import run_point, target_block
 
 # Each bracket is bisected at most this many times (a closed bracket of 64 users needs 6).
 REFINE_MAX_RUNS = 6
+# An open bracket is first closed by doubling the top load (or halving the lowest rate), at
+# most this many times and never beyond these loads.
+EXTEND_MAX_RUNS = 5
+MAX_EXTENDED = {"closed": 4096.0, "open": 1024.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +80,23 @@ class TwinSweep:
                 template = next((dict(x) for x in loads if x["mode"] == mode), None)
                 if template is None:
                     continue
+                key = "concurrency" if mode == "closed" else "rate_rps"
+                # an open bracket first: the grid's top still meets (double it), or, in open
+                # loop, its lowest rate already fails (halve it)
+                for _ in range(EXTEND_MAX_RUNS):
+                    tested = [load_value(p) for p in points if p["load"]["mode"] == mode]
+                    knee = doc[knee_key]
+                    if knee["fails"] is None and max(tested) * 2 <= MAX_EXTENDED[mode]:
+                        nxt_load = max(tested) * 2
+                    elif knee["meets"] is None and mode == "open":
+                        nxt_load = min(tested) / 2
+                    else:
+                        break
+                    add({**template, key: int(nxt_load) if mode == "closed" else nxt_load})
                 for _ in range(REFINE_MAX_RUNS):
                     tested = [load_value(p) for p in points if p["load"]["mode"] == mode]
                     nxt = bisect_next(doc[knee_key], tested, mode)  # type: ignore[arg-type]
                     if nxt is None:
                         break
-                    key = "concurrency" if mode == "closed" else "rate_rps"
                     add({**template, key: int(nxt) if mode == "closed" else nxt})
         return doc
