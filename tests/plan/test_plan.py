@@ -190,3 +190,12 @@ def test_a_live_sweep_directory_is_read_like_its_sweep_json(tmp_path: Path,
     assert doc["recommendation"]["users_per_card"] == answer["by_precision"]["fp8"][
         "users_per_card"]
     assert doc["sweeps"]["fp8"] == {"source": str(live), "document": None}
+
+
+def test_with_think_time_a_card_holds_more_users_than_its_cap() -> None:
+    """Users who think between turns are not all in flight: users per card (the closed-loop
+    knee in users) exceeds the gateway cap (requests in flight at that point)."""
+    doc = plan_json("--turns", "4", "--think-time", "10", "--precisions", "fp8")
+    fp8 = doc["by_precision"]["fp8"]
+    assert fp8["users_per_card"] > fp8["gateway_cap"] >= 1
+    assert doc["session_profile"]["turns"] == 4
