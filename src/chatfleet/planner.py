@@ -239,6 +239,17 @@ def gateway_config(req: PlanRequest, fig: PrecisionFigures, replicas: int) -> di
     return doc
 
 
+def host_tier_of(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan) -> dict[str, Any]:
+    """DESIGN.md's host-tier rule on the working set of a card's users at this precision."""
+    assert fig.users_per_card is not None
+    prof = req.profile
+    ws = working_set_tokens(fig.users_per_card, prof.system_prompt_tokens, prof.prompt_groups,
+                            prof.history_tokens())
+    host_tokens = int(req.host_kv_gib * GIB // pool.kv_bytes_per_token)
+    return {**host_tier(ws, pool.kv_pool_tokens, host_tokens), "working_set_tokens": ws,
+            "host_tokens": host_tokens}
+
+
 def _launch_json(cmd: LaunchCommand) -> dict[str, Any]:
     return {"argv": cmd.argv, "env": cmd.env, "shell": cmd.shell(), "notes": cmd.notes}
 
@@ -281,23 +292,21 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> dict[str, A
     best, why = choose_precision(figures, verdicts)
 
     by_precision: dict[str, Any] = {}
+    tiers: dict[str, dict[str, Any]] = {}
     for f in figures:
         entry = {**f.to_json(), "pool": pools[f.name].to_json(), "accuracy": verdicts[f.name]}
         if f.users_per_card:
             entry.update(fleet_size(req.users, f.users_per_card, req.headroom))
+            tiers[f.name] = host_tier_of(req, f, pools[f.name])
+            entry["host_tier"] = tiers[f.name]
+            entry["launch"] = {k: _launch_json(v) for k, v in
+                               launch_commands(req, f, pools[f.name], tiers[f.name]).items()}
         by_precision[f.name] = entry
 
     answer: dict[str, Any] = {}
     if best is not None:
         assert best.users_per_card is not None and best.gateway_cap is not None
-        pool = pools[best.name]
         size = fleet_size(req.users, best.users_per_card, req.headroom)
-        prof = req.profile
-        ws = working_set_tokens(best.users_per_card, prof.system_prompt_tokens,
-                                prof.prompt_groups, prof.history_tokens())
-        host_tokens = int(req.host_kv_gib * GIB // pool.kv_bytes_per_token)
-        tier = {**host_tier(ws, pool.kv_pool_tokens, host_tokens), "working_set_tokens": ws,
-                "host_tokens": host_tokens}
         gw = gateway_config(req, best, size["replicas"])
         if progress is not None:
             progress("target and doubled traffic through the fleet twin", 0, 1)
@@ -309,15 +318,14 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> dict[str, A
                 "replicas": size["replicas"], "cards": size["cards"],
                 "headroom": req.headroom, "why": why, "source": best.source,
             },
-            "host_tier": tier,
+            "host_tier": tiers[best.name],
             "doubling": doubling(req, best, size["replicas"], gw["queue_depth"]),
-            "launch": {k: _launch_json(v)
-                       for k, v in launch_commands(req, best, pool, tier).items()},
+            "launch": by_precision[best.name]["launch"],
             "gateway_config": gw,
         }
         if progress is not None:
             progress("target and doubled traffic through the fleet twin", 1, 1)
-        top = pool.to_json()
+        top = pools[best.name].to_json()
     else:
         answer = {"recommendation": None, "why_none": why}
         top = next(iter(pools.values())).to_json()

@@ -92,6 +92,13 @@ def test_launch_commands_and_gateway_config_carry_the_plan(answer: dict[str, Any
     assert "--enable-metrics" in argv and "--enable-cache-report" in argv
     assert "--context-length" not in argv  # the FP8 pool (142k) exceeds the 40,960 context
     assert "--enable-hierarchical-cache" not in argv  # single turns: the working set fits
+    # BF16's pool (24,093 tokens) is smaller than Qwen3-8B's 40,960-token context
+    bf16 = answer["by_precision"]["bf16"]
+    bf16_argv = bf16["launch"]["sglang"]["argv"]
+    assert bf16_argv[bf16_argv.index("--context-length") + 1] == str(
+        bf16["pool"]["kv_pool_tokens"])
+    assert bf16_argv[bf16_argv.index("--model-path") + 1] == "Qwen/Qwen3-8B"
+    assert answer["launch"] == answer["by_precision"]["fp8"]["launch"]
     vllm = answer["launch"]["vllm"]["argv"]
     assert vllm[:3] == ["vllm", "serve", "Qwen/Qwen3-8B-FP8"]
     assert vllm[vllm.index("--max-num-seqs") + 1] == str(rec["engine_guard"])
@@ -199,3 +206,35 @@ def test_with_think_time_a_card_holds_more_users_than_its_cap() -> None:
     fp8 = doc["by_precision"]["fp8"]
     assert fp8["users_per_card"] > fp8["gateway_cap"] >= 1
     assert doc["session_profile"]["turns"] == 4
+
+
+def test_hicache_flags_when_the_working_set_calls_for_them() -> None:
+    from chatfleet.core.plan import figures_from_sweep
+    from chatfleet.core.specs import builtin_model, get_gpu
+    from chatfleet.planner import (
+        PlanRequest,
+        SessionProfile,
+        host_tier_of,
+        launch_commands,
+        pool_of,
+    )
+
+    doc = {"target": {"weights": "fp8", "kv_cache": "fp8"}, "knee": {"meets": 128, "fails": 130},
+           "recommended_cap": 18,
+           "points": [{"load": {"mode": "closed", "concurrency": 128}, "valid": True,
+                       "goodput_rps": 1.0, "output_tok_s": 100.0, "ttft_ms": {"p99": 500.0}}]}
+    fig = figures_from_sweep(doc, "s.json")
+    req = PlanRequest(get_gpu("l4"), builtin_model("qwen3-8b"), users=500,
+                      profile=SessionProfile(turns=4, think_time_s=120.0))
+    pool = pool_of(req, "fp8", "fp8")
+    tier = host_tier_of(req, fig, pool)
+    # 128 users x 4 turns x 640 tokens + the prompt: larger than the 142k pool, within + host
+    assert tier["working_set_tokens"] == 2048 + 128 * 4 * 640
+    assert tier["enable"] and tier["hicache_ratio"] >= tier["working_set_tokens"] / 142_372
+    argv = launch_commands(req, fig, pool, tier)["sglang"].argv
+    assert "--enable-hierarchical-cache" in argv
+    assert argv[argv.index("--hicache-ratio") + 1] == str(tier["hicache_ratio"])
+    small = PlanRequest(get_gpu("l4"), builtin_model("qwen3-8b"), users=500,
+                        profile=SessionProfile(turns=4, think_time_s=120.0), host_kv_gib=1.0)
+    off = host_tier_of(small, fig, pool)
+    assert not off["enable"] and "fewer users" in off["why"]  # beyond GPU + host: no tier
