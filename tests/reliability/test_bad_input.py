@@ -9,8 +9,6 @@ from typing import Any
 
 import pytest
 import requests
-import schemathesis
-from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import (
     content_type_conformance,
@@ -24,7 +22,7 @@ from chatfleet.gateway.config import hash_key
 from tests.gateway.conftest import raw_connection, raw_post
 from tests.reliability.conftest import fleet, record
 from tests.reliability.test_faults import ask
-from tests.simserver.test_schemathesis import GENERATING, bound
+from tests.schemathesis_drive import GENERATING, drive_schema
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -119,37 +117,24 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_headers_conformance, response_schema_conformance]
 
 
+def conforming(case: Any, response: requests.Response) -> None:
+    """No 5xx, the OpenAI error body on every 4xx, and the description's statuses, types,
+    headers and bodies."""
+    what = (case.method, case.path, case.headers, case.body, response.text[:300])
+    assert response.status_code < 500, what
+    if response.status_code >= 400:
+        err = response.json()["error"]
+        assert isinstance(err["message"], str) and err["message"], what
+        assert {"type", "param", "code"} <= set(err), what
+    case.validate_response(response, checks=CHECKS)
+
+
 def schemathesis_run(url: str, mode: GenerationMode, examples: int, *, admin: bool = False,
                      ) -> dict[str, int]:
-    schema = schemathesis.openapi.from_url(url + "/openapi.json")
-    if admin:
-        schema = schema.include(path_regex="^/admin")
-    headers = {"Authorization": f"Bearer {ADMIN_KEY}"} if admin else None
-    seen: dict[str, int] = {}
-    session = requests.Session()
-
-    @settings(max_examples=examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(case=schema.as_strategy(generation_mode=mode))
-    def check(case: Any) -> None:
-        if case.path in GENERATING:
-            case.body = bound(case.body)
-        response = case.call(base_url=url, session=session, headers=headers, timeout=30)
-        key = f"{case.method} {case.path} {response.status_code}"
-        seen[key] = seen.get(key, 0) + 1
-        what = (case.method, case.path, case.headers, case.body, response.text[:300])
-        assert response.status_code < 500, what
-        if response.status_code >= 400:
-            err = response.json()["error"]
-            assert isinstance(err["message"], str) and err["message"], what
-            assert {"type", "param", "code"} <= set(err), what
-        case.validate_response(response, checks=CHECKS)
-
-    try:
-        check()
-    finally:
-        session.close()
-    return seen
+    if not admin:
+        return drive_schema(url, mode, examples, conforming)
+    return drive_schema(url, mode, examples, conforming, path_regex="^/admin",
+                        headers={"Authorization": f"Bearer {ADMIN_KEY}"})
 
 
 def test_schemathesis_over_the_gateway(tmp_path: Path) -> None:

@@ -8,11 +8,10 @@ started by a fixture needs for ``@schema.parametrize()``) fails on this pytest (
 ``Function._nodeid``, which schemathesis 4.32's lazy loader sets), and ``from_url`` at import time
 would need a server running during collection.
 
-Bounding: generated chat requests may omit max_tokens (the default is the rest of the context)
-or ask ignore_eos with a huge max_tokens; at time scale 20 such a stream runs for minutes. Every
-case is bounded before it is sent: integer max_tokens / max_completion_tokens above 8 become 8
-and absent ones are set to 8, so a valid case generates at most 8 tokens. Values that are not
-integers (or are below 1) are left as generated, so the server's validation is still exercised.
+Bounding (tests/schemathesis_drive.py): generated chat requests may omit max_tokens or ask
+ignore_eos with a huge max_tokens; at time scale 20 such a stream runs for minutes, so every
+generating case is bounded to 8 tokens before it is sent; values that are not integers are left
+as generated, so the server's validation is still exercised.
 """
 
 from __future__ import annotations
@@ -22,17 +21,13 @@ from typing import Any
 
 import pytest
 import requests
-import schemathesis
-from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from chatfleet.simserver.server import RunningServer, serve_in_thread
+from tests.schemathesis_drive import drive_schema
 
 from .conftest import HTTP_TIMEOUT, config, engine_is_idle, wait_for
-
-CAP = 8
-GENERATING = ("/v1/chat/completions", "/v1/completions")
 
 
 @pytest.fixture(scope="module")
@@ -41,40 +36,14 @@ def st_server() -> Iterator[RunningServer]:
         yield srv
 
 
-def bound(body: Any) -> Any:
-    if not isinstance(body, dict):
-        return body
-    body = dict(body)
-    for key in ("max_tokens", "max_completion_tokens"):
-        v = body.get(key)
-        if v is None or (isinstance(v, int) and not isinstance(v, bool) and v > CAP):
-            body[key] = CAP
-    return body
+def no_server_error(case: Any, response: requests.Response) -> None:
+    assert response.status_code < 500, (case.method, case.path, case.body,
+                                        response.text[:500])
+    case.validate_response(response, checks=[not_a_server_error])
 
 
 def run_mode(url: str, mode: GenerationMode, examples: int) -> dict[str, int]:
-    schema = schemathesis.openapi.from_url(url + "/openapi.json")
-    seen: dict[str, int] = {}
-    session = requests.Session()
-
-    @settings(max_examples=examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(case=schema.as_strategy(generation_mode=mode))
-    def check(case: Any) -> None:
-        if case.path in GENERATING:
-            case.body = bound(case.body)
-        response = case.call(base_url=url, session=session, timeout=HTTP_TIMEOUT)
-        key = f"{case.method} {case.path} {response.status_code}"
-        seen[key] = seen.get(key, 0) + 1
-        assert response.status_code < 500, (case.method, case.path, case.body,
-                                            response.text[:500])
-        case.validate_response(response, checks=[not_a_server_error])
-
-    try:
-        check()
-    finally:
-        session.close()
-    return seen
+    return drive_schema(url, mode, examples, no_server_error, timeout=HTTP_TIMEOUT)
 
 
 @pytest.mark.timeout(60)
