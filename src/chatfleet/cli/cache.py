@@ -184,29 +184,39 @@ def results_table(doc: dict[str, Any]) -> Table:
     return t
 
 
+# the synthetic trace's defaults: one place (core/cache_analysis.py), the CLI shows them
+SYNTH = SyntheticConfig()
+
+
 def cache(
     trace: Path | None = typer.Option(None, "--trace", help="A JSON Lines trace (docs/cache.md)"
                                       "; without it a synthetic trace is made."),
-    sessions: int = typer.Option(24, help="Synthetic: sessions."),
-    turns: int = typer.Option(8, help="Synthetic: turns per session."),
-    think_time: float = typer.Option(30.0, help="Synthetic: mean think time between turns, s "
-                                     "(exponential)."),
-    arrival_gap: float = typer.Option(120.0, help="Synthetic: mean gap between session starts, "
-                                      "s (Poisson arrivals)."),
-    return_share: float = typer.Option(0.25, help="Synthetic: share of sessions that pause once "
-                                       "and return after minutes."),
-    return_after: float = typer.Option(180.0, help="Synthetic: their pause, s (uniform in "
-                                       "0.5..1.5 x)."),
-    system_prompt_tokens: int = typer.Option(2048, help="The shared system prompt (synthetic; "
-                                             "with a trace of counts, the shared first tokens)."),
-    user_tokens: int = typer.Option(128, help="Synthetic: mean user message tokens."),
-    answer_tokens: int = typer.Option(256, help="Mean answer tokens (reasoning included); a "
-                                      "trace line without output_tokens gets this many."),
-    length_spread: float = typer.Option(0.5, help="Synthetic: lengths uniform in "
-                                        "[len x (1 - r), len x (1 + r)]."),
-    reasoning_share: float = typer.Option(0.0, help="Synthetic: share of each answer that is "
-                                          "reasoning, dropped from later prompts (0: thinking "
-                                          "off)."),
+    sessions: int = typer.Option(SYNTH.sessions, help="Synthetic: sessions."),
+    turns: int = typer.Option(SYNTH.turns, help="Synthetic: turns per session."),
+    think_time: float = typer.Option(
+        SYNTH.think_time_s, help="Synthetic: mean think time between turns, s (exponential)."),
+    arrival_gap: float = typer.Option(
+        SYNTH.arrival_gap_s, help="Synthetic: mean gap between session starts, s (Poisson "
+        "arrivals)."),
+    return_share: float = typer.Option(
+        SYNTH.return_share, help="Synthetic: share of sessions that pause once and return "
+        "after minutes."),
+    return_after: float = typer.Option(
+        SYNTH.return_after_s, help="Synthetic: their pause, s (uniform in 0.5..1.5 x)."),
+    system_prompt_tokens: int = typer.Option(
+        SYNTH.system_prompt_tokens, help="The shared system prompt (synthetic; with a trace "
+        "of counts, the shared first tokens)."),
+    user_tokens: int = typer.Option(SYNTH.user_tokens,
+                                    help="Synthetic: mean user message tokens."),
+    answer_tokens: int = typer.Option(
+        SYNTH.answer_tokens, help="Mean answer tokens (reasoning included); a trace line "
+        "without output_tokens gets this many."),
+    length_spread: float = typer.Option(
+        SYNTH.length_spread, help="Synthetic: lengths uniform in [len x (1 - r), len x "
+        "(1 + r)]."),
+    reasoning_share: float = typer.Option(
+        SYNTH.reasoning_share, help="Synthetic: share of each answer that is reasoning, "
+        "dropped from later prompts (0: thinking off)."),
     pool: str = typer.Option("8192,16384", help="GPU KV pool sizes to sweep, tokens."),
     policy: str = typer.Option("lru,lfu,fifo,slru", help="Eviction policies to sweep."),
     host_pool_tokens: str = typer.Option("0", help="Host-tier sizes to sweep, tokens (0: off)."),

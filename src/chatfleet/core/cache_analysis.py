@@ -170,7 +170,7 @@ class SyntheticConfig:
     length_spread: float = 0.5  # lengths uniform in [len x (1 - r), len x (1 + r)]
     reasoning_share: float = 0.0
     think_time_s: float = 30.0
-    arrival_gap_s: float = 90.0
+    arrival_gap_s: float = 120.0
     return_share: float = 0.25
     return_after_s: float = 180.0
 
