@@ -53,6 +53,20 @@ _BOOL = {"type": "boolean"}
 _SSE_EVENT = {"type": "object", "required": ["data"],
               "properties": {"data": _STR, "event": _STR, "id": _STR, "retry": _INT}}
 
+# The fields both generation requests share, as OpenAI types them.
+_SAMPLING: Schema = {
+    "model": _STR,
+    "max_tokens": _nullable({"type": "integer", "minimum": 1}),
+    "stream": _BOOL,
+    "stream_options": _nullable(_ref("StreamOptions")),
+    "temperature": _nullable(_NUM),
+    "top_p": _nullable(_NUM),
+    "stop": {"anyOf": [_STR, {"type": "array", "items": _STR}, {"type": "null"}]},
+    "n": {"type": "integer", "minimum": 1},
+    "seed": _nullable(_INT),
+    "user": _nullable(_STR),
+}
+
 SCHEMAS: dict[str, Schema] = {
     "Error": {
         "type": "object", "required": ["error"],
@@ -90,18 +104,9 @@ SCHEMAS: dict[str, Schema] = {
     "ChatCompletionRequest": {
         "type": "object", "required": ["messages"], "additionalProperties": True,
         "properties": {
-            "model": _STR,
             "messages": {"type": "array", "minItems": 1, "items": _ref("Message")},
-            "max_tokens": _nullable({"type": "integer", "minimum": 1}),
+            **_SAMPLING,
             "max_completion_tokens": _nullable({"type": "integer", "minimum": 1}),
-            "stream": _BOOL,
-            "stream_options": _nullable(_ref("StreamOptions")),
-            "temperature": _nullable(_NUM),
-            "top_p": _nullable(_NUM),
-            "stop": {"anyOf": [_STR, {"type": "array", "items": _STR}, {"type": "null"}]},
-            "n": {"type": "integer", "minimum": 1},
-            "seed": _nullable(_INT),
-            "user": _nullable(_STR),
             "tools": _nullable({"type": "array", "items": {"type": "object"}}),
             "tool_choice": {},
             "rid": {"type": "string", "minLength": 1,
@@ -112,20 +117,11 @@ SCHEMAS: dict[str, Schema] = {
     "CompletionRequest": {
         "type": "object", "required": ["prompt"], "additionalProperties": True,
         "properties": {
-            "model": _STR,
             "prompt": {"anyOf": [
                 {"type": "string", "minLength": 1},
                 {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
             ]},
-            "max_tokens": _nullable({"type": "integer", "minimum": 1}),
-            "stream": _BOOL,
-            "stream_options": _nullable(_ref("StreamOptions")),
-            "temperature": _nullable(_NUM),
-            "top_p": _nullable(_NUM),
-            "stop": {"anyOf": [_STR, {"type": "array", "items": _STR}, {"type": "null"}]},
-            "n": {"type": "integer", "minimum": 1},
-            "seed": _nullable(_INT),
-            "user": _nullable(_STR),
+            **_SAMPLING,
             "rid": {"type": "string", "minLength": 1},
         },
     },
