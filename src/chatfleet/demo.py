@@ -14,7 +14,7 @@ proved live.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.parity import run_fleet_parity
 from chatfleet.planner import PlanRequest, Progress, SessionProfile, make_plan
 from chatfleet.report import build_report
-from chatfleet.twin.fleet import FleetConfig
+from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
 from chatfleet.twin.run import target_block
 
 GPU, MODEL = "l4", "qwen3-8b"
@@ -42,6 +42,7 @@ class DemoConfig:
     cap_margin: int = 0  # the plan's default (DESIGN.md: meets already sits below `fails`)
     seed: int = 1
     live: bool = True
+    profile: SessionProfile = field(default_factory=SessionProfile)  # the plan's and the live run's
 
 
 def write_json(path: Path, doc: Any) -> Path:
@@ -52,7 +53,7 @@ def write_json(path: Path, doc: Any) -> Path:
 
 def run_plan(cfg: DemoConfig, progress: Progress | None) -> dict[str, Any]:
     req = PlanRequest(get_gpu(GPU), builtin_model(MODEL), users=cfg.users, seed=cfg.seed,
-                      cap_margin=cfg.cap_margin)
+                      cap_margin=cfg.cap_margin, profile=cfg.profile)
     plan = make_plan(req, progress)
     write_json(cfg.out / "plan.json", plan)
     for name, sweep in plan["sweeps"].items():
@@ -68,11 +69,11 @@ def run_live(cfg: DemoConfig, plan: dict[str, Any]) -> dict[str, Any]:
     spec = EngineSpec(get_gpu(GPU), builtin_model(MODEL), precision(rec["weights"],
                                                                     rec["kv_cache"]),
                       max_running_requests=rec["engine_guard"])
-    wcfg = SessionProfile().workload()  # the plan's session profile (PlanRequest's default)
+    wcfg = cfg.profile.workload()
     fleet = FleetConfig(replicas=cfg.replicas, cap=rec["gateway_cap"],
                         queue_depth=rec["gateway_cap"] * cfg.replicas,
                         ttft_budget_s=gw["ttft_budget_s"],
-                        prefill_reserve_s=gw["prefill_reserve_s"], hop_s=0.002)
+                        prefill_reserve_s=gw["prefill_reserve_s"], hop_s=MEASURED_HOP_S)
     users = round(cfg.overload * cfg.replicas * rec["gateway_cap"])
     load = {"mode": "closed", "concurrency": users}
     live_dir = cfg.out / "live"

@@ -36,7 +36,7 @@ from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.engines import SGLangAdapter, VLLMAdapter
 from chatfleet.engines.base import LaunchCommand
 from chatfleet.gateway.config import parse_config
-from chatfleet.twin.fleet import FleetConfig, run_fleet_point
+from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig, run_fleet_point
 from chatfleet.twin.sweep import TwinSweep
 
 PLAN_SCHEMA = "chatfleet.plan/1"
@@ -169,7 +169,7 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
     k = max(1, min(replicas, req.doubling_replicas))
     budget = req.slo.ttft_ms / 1000.0
     fleet = FleetConfig(replicas=k, cap=fig.gateway_cap, queue_depth=queue_depth,
-                        ttft_budget_s=budget, hop_s=0.002,
+                        ttft_budget_s=budget, hop_s=MEASURED_HOP_S,
                         prefill_reserve_s=prefill_reserve_s(fig, budget))
     runs: list[dict[str, Any]] = []
     for traffic, factor in (("target", 1), ("doubled", 2)):

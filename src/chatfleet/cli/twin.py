@@ -26,6 +26,7 @@ from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.twin.fleet import MEASURED_HOP_S
 from chatfleet.twin.run import is_calibrated
 from chatfleet.twin.sweep import TwinSweep
 
@@ -260,9 +261,10 @@ def sweep(
     prefill_reserve_ms: float = typer.Option(
         0.0, help="Gateway: part of the TTFT budget kept for the prefill (a queued request is "
         "shed at arrival + budget - this)."),
-    hop_ms: float = typer.Option(2.0, help="Gateway <-> engine delay, one way (a request "
-                                 "admitted from the queue misses the step already started; "
-                                 "2 ms matched the live gateway, docs/gateway.md)."),
+    hop_ms: float = typer.Option(
+        MEASURED_HOP_S * 1000, help="Gateway <-> engine delay, one way (a request admitted "
+        "from the queue misses the step already started; 2 ms matched the live gateway, "
+        "docs/gateway.md)."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the chatfleet.sweep/1 "
                                          "document here (rewritten after every point)."),
     print_doc: bool = typer.Option(False, "--print-json", help="Print the document on stdout."),

@@ -44,6 +44,10 @@ from chatfleet.twin.run import (
 )
 
 MAX_RETRIES = 20
+# The live gateway's hop to an engine and back, one way: about 1 ms each way plus the end of
+# the stream's relay, measured against the simserver (docs/gateway.md). The twin's CLI default
+# and the plan's and demo's fleet runs use it.
+MEASURED_HOP_S = 0.002
 
 
 @dataclass(frozen=True, slots=True)
