@@ -163,9 +163,10 @@ def accuracy_verdicts(accuracy: Mapping[str, Any] | None,
     if not comparisons and accuracy.get("paired"):
         comparisons = [accuracy["paired"]]
     by_b = {str(c.get("b", "")).lower(): c for c in comparisons}
+    by_name = {str(k).lower(): v for k, v in targets.items()}
     for name in names:
         key = name.lower()
-        t = {str(k).lower(): v for k, v in targets.items()}.get(key)
+        t = by_name.get(key)
         if t is None:
             out[name] = {"allowed": True, "checked": False,
                          "why": "not among the accuracy result's targets"}
