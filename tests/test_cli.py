@@ -131,6 +131,7 @@ def test_twin_sweep_open_loop_rates(tmp_path: Path) -> None:
         (("--rate", "1", "--arrival", "gamma:x"), "bad arrival"),
         (("--gpu", "t4"), "unknown GPU"),
         (("--lengths", "file"), "--length-file"),
+        (("--group-draw", "random"), "unknown --group-draw 'random'"),
     ],
 )
 def test_twin_sweep_bad_input_is_a_clear_error(args: tuple[str, ...], message: str) -> None:
@@ -138,6 +139,33 @@ def test_twin_sweep_bad_input_is_a_clear_error(args: tuple[str, ...], message: s
     assert code == 2, out
     assert message in out
     assert "Traceback" not in out
+
+
+def test_twin_sweep_draws_prompt_groups_per_user_or_per_request() -> None:
+    def point(draw: str) -> tuple[dict[str, object], dict[str, float]]:
+        code, out = run("twin", "sweep", "--weights", "fp8", "--kv-cache", "fp8",
+                        "--pool-tokens", "12288", "--system-prompt-tokens", "512",
+                        "--input-len", "64", "--output-len", "32", "--concurrency", "16",
+                        "--prompt-groups", "64", "--group-draw", draw, "--duration", "60",
+                        "--warmup", "5", "--print-json")
+        assert code == 0, out
+        doc = json.loads(out)
+        return doc["workload"], doc["points"][0]
+
+    (w_user, p_user), (w_request, p_request) = point("user"), point("request")
+    assert (w_user["group_draw"], w_request["group_draw"]) == ("user", "request")
+    # 16 pinned users keep 16 prefixes cached; 64 drawn per request outgrow the pool
+    assert p_request["cached_token_share"] < 0.6 * p_user["cached_token_share"]
+
+
+def test_live_sweep_rejects_a_bad_group_draw_before_it_sends_anything(tmp_path: Path) -> None:
+    code, out = run("sweep", "--target", "http://127.0.0.1:9", "--engine", "simserver",
+                    "--model", "qwen3-8b", "--out", str(tmp_path / "s"),
+                    "--group-draw", "per-user")
+    assert code == 2, out
+    assert "unknown --group-draw 'per-user'" in out
+    assert "Traceback" not in out
+    assert not (tmp_path / "s").exists()
 
 
 def test_twin_sweep_takes_a_user_length_file(tmp_path: Path) -> None:

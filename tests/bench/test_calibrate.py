@@ -14,7 +14,7 @@ from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
-from chatfleet.twin.calibrate import calibrate, load_profile
+from chatfleet.twin.calibrate import calibrate, load_profile, workload_from_json
 from chatfleet.twin.sweep import TwinSweep
 
 
@@ -73,3 +73,12 @@ def test_calibrate_refuses_a_sweep_without_a_concurrency_one_point(tmp_path: Pat
     res = CliRunner().invoke(app, ["twin", "calibrate", "--from", str(tmp_path / "none.json"),
                                    "--out", str(tmp_path / "p.json")])
     assert res.exit_code == 2
+
+
+def test_a_sweeps_group_draw_is_replayed_and_older_sweeps_read_as_round_robin() -> None:
+    wcfg = WorkloadConfig(prompt_groups=8, group_draw="request",
+                          lengths=LengthSpec("fixed", 64, 16))
+    again, _ = workload_from_json(wcfg.to_json())
+    assert again == wcfg
+    older = {k: v for k, v in wcfg.to_json().items() if k != "group_draw"}
+    assert workload_from_json(older)[0].group_draw == "round-robin"

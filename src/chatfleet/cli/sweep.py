@@ -11,7 +11,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from chatfleet.cli.common import clean_errors, console, fail, out
-from chatfleet.cli.twin import build_lengths, build_loads, knee_lines, sweep_table
+from chatfleet.cli.twin import (
+    GROUP_DRAW_HELP,
+    build_lengths,
+    build_loads,
+    knee_lines,
+    parse_group_draw,
+    sweep_table,
+)
 from chatfleet.core.metrics import SLO
 from chatfleet.core.workload import WorkloadConfig
 
@@ -35,6 +42,7 @@ def sweep(
     length_file: Path | None = typer.Option(None, help="lengths=file: JSONL of lengths."),
     system_prompt_tokens: int = typer.Option(2048, help="Shared system prompt tokens."),
     prompt_groups: int = typer.Option(1, help="Distinct shared system prompts."),
+    group_draw: str = typer.Option("round-robin", help=GROUP_DRAW_HELP),
     turns: int = typer.Option(1, help="Turns per session."),
     think_time: float = typer.Option(0.0, help="Mean think time between turns, seconds."),
     ramp_up: float = typer.Option(0.0, help="Closed loop: spread user starts over S s."),
@@ -89,6 +97,7 @@ def sweep(
             fail("--duration must be positive, --warmup and --drain not negative")
         wcfg = WorkloadConfig(
             system_prompt_tokens=system_prompt_tokens, prompt_groups=prompt_groups,
+            group_draw=parse_group_draw(group_draw),
             lengths=build_lengths(lengths, input_len, output_len, range_ratio,
                                   range_convention, length_file),
             turns=turns, think_time_s=think_time, ramp_up_s=ramp_up,

@@ -25,7 +25,7 @@ from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import precision
-from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.core.workload import GROUP_DRAWS, GroupDraw, LengthSpec, WorkloadConfig
 from chatfleet.twin.fleet import MEASURED_HOP_S
 from chatfleet.twin.run import is_calibrated
 from chatfleet.twin.sweep import TwinSweep
@@ -67,6 +67,19 @@ def build_lengths(kind: str, input_len: int, output_len: int, range_ratio: float
 
         return LengthSpec("file", pairs=tuple(load_length_file(length_file)))
     fail(f"unknown --lengths {kind!r}: fixed, uniform, sharegpt or file")
+
+
+GROUP_DRAW_HELP = ("How a session gets its prompt group: round-robin (over sessions, in "
+                   "creation order), user (user u always in group u mod G) or request (each "
+                   "session draws one of the G at random from its seeded generator, as "
+                   "SGLang's generated-shared-prefix benchmark; one turn: each request).")
+
+
+def parse_group_draw(text: str) -> GroupDraw:
+    for draw in GROUP_DRAWS:
+        if text == draw:
+            return draw
+    fail(f"unknown --group-draw {text!r}: {', '.join(GROUP_DRAWS)}")
 
 
 def build_loads(concurrency: str | None, rate: str | None,
@@ -226,6 +239,7 @@ def sweep(
         None, help="lengths=file: JSONL of input_len/output_len."),
     system_prompt_tokens: int = typer.Option(2048, help="Shared system prompt tokens."),
     prompt_groups: int = typer.Option(1, help="Distinct shared system prompts."),
+    group_draw: str = typer.Option("round-robin", help=GROUP_DRAW_HELP),
     turns: int = typer.Option(1, help="Turns per session."),
     think_time: float = typer.Option(0.0, help="Mean think time between turns, seconds."),
     reasoning_share: float = typer.Option(0.0, help="Share of each answer that is reasoning "
@@ -280,6 +294,7 @@ def sweep(
         )
         wcfg = WorkloadConfig(
             system_prompt_tokens=system_prompt_tokens, prompt_groups=prompt_groups,
+            group_draw=parse_group_draw(group_draw),
             lengths=build_lengths(lengths, input_len, output_len, range_ratio,
                                   range_convention, length_file),
             turns=turns, think_time_s=think_time, reasoning_share=reasoning_share,

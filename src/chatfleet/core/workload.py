@@ -23,6 +23,8 @@ import numpy as np
 
 LengthKind = Literal["fixed", "uniform", "sharegpt", "file"]
 RangeConvention = Literal["sglang", "vllm"]
+GroupDraw = Literal["round-robin", "user", "request"]
+GROUP_DRAWS: tuple[GroupDraw, ...] = ("round-robin", "user", "request")
 
 # Synthetic token ids: token j of segment s is (s x 7919 + j x 104729) mod 151643, so every
 # id is an ordinary Qwen3 vocabulary id (below the special tokens) and the same prompts can be
@@ -118,6 +120,11 @@ class LengthSpec:
 class WorkloadConfig:
     system_prompt_tokens: int = 2048
     prompt_groups: int = 1
+    # how a session gets its prompt group (Workload.new_session): round-robin over sessions in
+    # creation order; "user": user u's sessions are all in group u mod G; "request": each
+    # session draws its group uniformly from all G with its own generator (with one turn per
+    # session, each request: SGLang's generated-shared-prefix workload)
+    group_draw: GroupDraw = "round-robin"
     lengths: LengthSpec = field(default_factory=LengthSpec)
     turns: int = 1
     think_time_s: float = 0.0  # mean pause between a turn's last token and the next turn
@@ -131,6 +138,9 @@ class WorkloadConfig:
             raise WorkloadError("system prompt tokens must not be negative")
         if self.prompt_groups <= 0:
             raise WorkloadError("prompt groups must be at least 1")
+        if self.group_draw not in GROUP_DRAWS:
+            raise WorkloadError(f"unknown group draw {self.group_draw!r}; choose "
+                                f"{', '.join(GROUP_DRAWS)}")
         if self.turns <= 0:
             raise WorkloadError("turns must be at least 1")
         if self.think_time_s < 0 or self.ramp_up_s < 0:
@@ -147,6 +157,7 @@ class WorkloadConfig:
         return {
             "system_prompt_tokens": self.system_prompt_tokens,
             "prompt_groups": self.prompt_groups,
+            "group_draw": self.group_draw,
             "lengths": self.lengths.to_json(),
             "turns": self.turns,
             "think_time_s": self.think_time_s,
@@ -208,11 +219,13 @@ class Workload:
     """Makes sessions and their turns. Segment ids are allocated in order, so the same seed
     gives the same token ids.
 
-    Each session draws its lengths and think times from its own generator, seeded from the
-    workload's seed, the user and the user's session count; `rng` itself only draws arrival
-    times. So a session's requests do not depend on the order in which other sessions finish:
-    the twin and a live run (where completions that tie in the model land in either order)
-    offer the same trace."""
+    Each session draws its lengths and think times (and, with `group_draw="request"`, its
+    prompt group) from its own generator, seeded from the workload's seed, the user and the
+    user's session count; `rng` itself only draws arrival times. So a session's requests do
+    not depend on the order in which other sessions finish: the twin and a live run (where
+    completions that tie in the model land in either order) offer the same trace. The one
+    exception is the default round-robin group of a closed loop's later sessions, which
+    follows creation order (`draw_group`)."""
 
     def __init__(self, cfg: WorkloadConfig, rng: random.Random) -> None:
         self.cfg = cfg
@@ -223,11 +236,27 @@ class Workload:
         self._num_requests = 0
         self._sessions_of_user: dict[int, int] = {}
 
-    def group_of(self, session_index: int) -> int:
-        """Sessions spread over the groups round-robin (as SGLang's generated-shared-prefix
-        spreads its prompts), so over time every group's prefix is in use even when there are
-        fewer users than groups: the working set of shared prefixes is G x the prompt."""
-        return session_index % self.cfg.prompt_groups
+    def draw_group(self, user: int, session_index: int, rng: random.Random) -> int:
+        """The prompt group of a new session (`session_index`: sessions created so far; `rng`:
+        the session's own generator).
+
+        - round-robin: session i is in group i mod G, in creation order (the working set of
+          shared prefixes is all G prompts even with fewer users than groups; a closed loop's
+          creation order follows completions, so a live run may order it differently);
+        - user: user u's sessions are all in group u mod G (fewer users than groups leave
+          groups unused);
+        - request: uniform over all G, drawn from the session's generator, so the same seed
+          gives each session the same group whatever the order of completions. SGLang's
+          generated-shared-prefix benchmark shuffles its G x prompts-per-group requests, so a
+          request's group is random and independent of which client slot sends it; it deals
+          each group exactly prompts-per-group times, where independent draws only balance
+          on average."""
+        g = self.cfg.prompt_groups
+        if self.cfg.group_draw == "user":
+            return user % g
+        if self.cfg.group_draw == "request":
+            return rng.randrange(g)
+        return session_index % g
 
     def system_segment(self, group: int) -> tuple[int, int]:
         return (group + 1, self.cfg.system_prompt_tokens)
@@ -239,13 +268,13 @@ class Workload:
 
     def new_session(self, user: int) -> Session:
         """User u's k-th session is "s{u+1}" (k = 0) or "s{u+1}.{k}", whatever the order of
-        creation; its prompt group is round-robin over creation order."""
-        group = self.group_of(self._num_sessions)
-        self._num_sessions += 1
+        creation; its prompt group is `draw_group`'s."""
         k = self._sessions_of_user.get(user, 0)
         self._sessions_of_user[user] = k + 1
-        history = [self.system_segment(group)] if self.cfg.system_prompt_tokens else []
         rng = random.Random(f"{self._base_seed}/{user}/{k}")
+        group = self.draw_group(user, self._num_sessions, rng)
+        self._num_sessions += 1
+        history = [self.system_segment(group)] if self.cfg.system_prompt_tokens else []
         name = f"s{user + 1}" if k == 0 else f"s{user + 1}.{k}"
         return Session(name, user, group, history, rng=rng)
 

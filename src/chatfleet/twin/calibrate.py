@@ -64,7 +64,8 @@ def workload_from_json(w: dict[str, Any]) -> tuple[WorkloadConfig, str | None]:
         note = "a user's length file is replayed at its mean lengths"
     cfg = WorkloadConfig(
         system_prompt_tokens=int(w.get("system_prompt_tokens", 0)),
-        prompt_groups=int(w.get("prompt_groups", 1)), lengths=spec,
+        prompt_groups=int(w.get("prompt_groups", 1)),
+        group_draw=w.get("group_draw", "round-robin"), lengths=spec,
         turns=int(w.get("turns", 1)), think_time_s=float(w.get("think_time_s", 0.0)),
         ramp_up_s=float(w.get("ramp_up_s", 0.0)),
     )
