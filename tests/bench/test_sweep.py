@@ -18,6 +18,7 @@ from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.engines.simserver import SimserverAdapter
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
 from chatfleet.twin.sweep import TwinSweep
 
@@ -159,3 +160,97 @@ def test_refine_bisects_the_knee_bracket_down_to_one_user(tmp_path: Path) -> Non
     # bisected until one user wide, or out of refinement runs
     assert knee["fails"] - knee["meets"] == 1 or len(tested) == 2 + 6
     assert [p["seed"] for p in doc["points"]] == list(range(1, len(tested) + 1))
+
+
+def synthetic(load: dict[str, Any]) -> dict[str, Any]:
+    """A point whose attainment is 1 up to 45 users (or 1.3 rps) and 0 above."""
+    v = load["concurrency"] if load["mode"] == "closed" else load["rate_rps"]
+    ok = v <= (45 if load["mode"] == "closed" else 1.3)
+    return {"load": dict(load), "attainment": 1.0 if ok else 0.0, "valid": True, "seed": 0,
+            "output_tok_s": float(v), "in_flight_max": v}
+
+
+def test_the_live_and_the_twin_sweep_refine_by_one_policy(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same grid and the same outcomes give the same refinement loads in both sweeps:
+    the top that still meets is doubled, the lowest rate that fails halved, then bisected."""
+    grid: list[dict[str, Any]] = [*closed(1, 4, 16),
+                                  {"mode": "open", "rate_rps": 8.0, "arrival": "poisson"}]
+    monkeypatch.setattr(TwinSweep, "point", lambda self, load, index: synthetic(load))
+    twin = TwinSweep(spec(), SMALL, SLO(), duration_s=1.0).run(grid, refine=True)
+
+    async def fake_run_one(self: LiveSweep, index: int, load: dict[str, Any],
+                           session: Any) -> dict[str, Any]:
+        return {**synthetic(load), "run_index": index, "seed": self.cfg.seed + index}
+
+    async def no_target(self: LiveSweep, session: Any) -> None:
+        self.target = {"engine": "simserver"}
+
+    monkeypatch.setattr(LiveSweep, "run_one", fake_run_one)
+    monkeypatch.setattr(LiveSweep, "describe_target", no_target)
+    cfg = config(["http://127.0.0.1:9"], tmp_path / "s", grid, refine=True)
+    live = asyncio.run(LiveSweep(cfg).run())
+    assert [p["load"] for p in live["points"]] == [p["load"] for p in twin["points"]]
+    closed_tested = [p["load"]["concurrency"] for p in live["points"]
+                     if p["load"]["mode"] == "closed"]
+    assert closed_tested[:5] == [1, 4, 16, 32, 64]  # the open bracket was closed first
+    assert live["knee"] == {"meets": 45, "fails": 46}
+    rates = [p["load"] for p in live["points"] if p["load"]["mode"] == "open"]
+    assert [r["rate_rps"] for r in rates[:4]] == [8.0, 4.0, 2.0, 1.0]
+    assert all(r["arrival"] == "poisson" for r in rates)
+
+
+def test_live_refinement_stops_at_its_users_and_time_bounds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fake_run_one(self: LiveSweep, index: int, load: dict[str, Any],
+                           session: Any) -> dict[str, Any]:
+        await asyncio.sleep(0.05)
+        return {"load": dict(load), "attainment": 1.0, "valid": True, "run_index": index,
+                "seed": self.cfg.seed + index, "output_tok_s": 1.0}
+
+    async def no_target(self: LiveSweep, session: Any) -> None:
+        self.target = {"engine": "simserver"}
+
+    monkeypatch.setattr(LiveSweep, "run_one", fake_run_one)
+    monkeypatch.setattr(LiveSweep, "describe_target", no_target)
+    users = config(["http://127.0.0.1:9"], tmp_path / "u", closed(1, 8), refine=True,
+                   refine_max_users=100)
+    doc = asyncio.run(LiveSweep(users).run())
+    assert [p["load"]["concurrency"] for p in doc["points"]] == [1, 8, 16, 32, 64]
+    events: list[str] = []
+    timed = config(["http://127.0.0.1:9"], tmp_path / "t", closed(1, 8), refine=True,
+                   refine_budget_s=0.12)
+    doc = asyncio.run(LiveSweep(timed, lambda kind, info: events.append(kind)).run())
+    assert 3 <= len(doc["points"]) <= 5 and "refine_budget" in events
+
+
+class VerifyingSim(SimserverAdapter):
+    """The simserver's adapter, told (as vLLM's is) that a flush's 200 proves nothing."""
+
+    name = "verifying-sim"
+    flush_needs_verification = True
+
+
+class VerifyingNoop(VerifyingSim):
+    """... and whose flush answers 200 and does nothing (what vLLM's 200 may hide)."""
+
+    name = "verifying-noop"
+    flush_path = "/health"
+    flush_method = "GET"
+
+
+@pytest.mark.timeout(120)
+def test_a_flush_that_answers_200_is_proven_from_the_counters(tmp_path: Path) -> None:
+    with serve_in_thread(ServerConfig(spec=spec(), time_scale=20)) as srv:
+        docs = {}
+        for label, adapter in (("noop", VerifyingNoop()), ("honest", VerifyingSim())):
+            sweep = LiveSweep(config(srv.urls, tmp_path / label, closed(2), duration_s=4.0,
+                                     warmup_s=1.0))
+            sweep.adapter = adapter
+            docs[label] = asyncio.run(sweep.run())
+    noop, ok = docs["noop"]["points"][0], docs["honest"]["points"][0]
+    assert not noop["valid"] and "did not take" in noop["invalid_reason"]
+    assert noop["flush_check"][0]["verified"] is False
+    assert noop["flush_check"][0]["hits_delta"] > 0
+    assert ok["valid"] and ok["flushed"], ok["invalid_reason"]
+    assert ok["flush_check"][0]["verified"] is True and ok["flush_check"][0]["hits_delta"] == 0

@@ -34,14 +34,15 @@ from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
 from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
-from chatfleet.core.metrics import SLO, bisect_next, find_knee, load_value, summarize_point
+from chatfleet.core.metrics import SLO, find_knee, load_value, summarize_point
+from chatfleet.core.refine import BISECT_MAX_RUNS, EXTEND_MAX_RUNS, RefinePolicy, next_load
 from chatfleet.core.workload import (
     RequestSpec,
     Workload,
     WorkloadConfig,
     driver_for,
 )
-from chatfleet.engines import EngineAdapter, get_adapter
+from chatfleet.engines import EngineAdapter, FlushVerdict, flush_and_verify, get_adapter
 
 FLUSH_TRIES = 3
 FLUSH_RETRY_S = 2.0
@@ -67,7 +68,10 @@ class LiveSweepConfig:
     clock_floor_mhz: float | None = None
     resume: bool = False
     refine: bool = False
-    refine_max_runs: int = 6
+    refine_max_runs: int = BISECT_MAX_RUNS  # bisection runs per bracket
+    refine_extend_max_runs: int = EXTEND_MAX_RUNS  # doublings/halvings
+    refine_max_users: int = 1024  # an open closed-loop bracket is never extended beyond it
+    refine_budget_s: float | None = None  # wall time for all refinement runs together
     cap_margin: int = 0
     api: str = "chat"  # chat | completions-ids
     thinking: bool = False
@@ -76,6 +80,11 @@ class LiveSweepConfig:
     max_loop_lag_ms: float = 10.0
     labels: dict[str, Any] = field(default_factory=dict)  # gpu, weights, kv_cache for reports
     save_records: bool = True
+
+    def refine_policy(self) -> RefinePolicy:
+        return RefinePolicy(extend_max_runs=self.refine_extend_max_runs,
+                            bisect_max_runs=self.refine_max_runs,
+                            max_concurrency=self.refine_max_users)
 
 
 def git_commit() -> str | None:
@@ -161,18 +170,36 @@ class LiveSweep:
         return lambda text: len(tok.encode(text))
 
     # --- one run ---------------------------------------------------------------------------
-    async def flush_all(self, session: aiohttp.ClientSession) -> tuple[bool, str]:
-        details = []
+    async def flush_all(self, session: aiohttp.ClientSession
+                        ) -> tuple[bool, str, list[dict[str, Any]]]:
+        """Flush every target (refusals retried). Where the engine's answer proves nothing
+        (vLLM's 200), the flush is proven from its prefix-cache counters around a re-sent probe
+        (`engines.flush_and_verify`); the verdicts come back for the point's `flush_check`.
+        A verdict of None (no counters, metrics lag) leaves the check to the run's first
+        requests."""
+        details: list[str] = []
+        checks: list[dict[str, Any]] = []
         for url in self.cfg.targets:
+            verdict: FlushVerdict | None = None
             for attempt in range(FLUSH_TRIES):
-                res = await self.adapter.flush(session, url)
-                if res.ok:
+                if self.adapter.flush_needs_verification:
+                    res, verdict = await flush_and_verify(self.adapter, session, url,
+                                                          self.cfg.model)
+                    done = res.ok and verdict.verified is not False
+                else:
+                    res = await self.adapter.flush(session, url)
+                    done = res.ok
+                if done:
                     break
                 if attempt + 1 < FLUSH_TRIES:
                     await asyncio.sleep(FLUSH_RETRY_S)
+            if verdict is not None:
+                checks.append({"url": url, "attempts": attempt + 1, **verdict.as_dict()})
             if not res.ok:
                 details.append(f"{url}: {res.detail}")
-        return (not details), "; ".join(details)
+            elif verdict is not None and verdict.verified is False:
+                details.append(f"{url}: {verdict.detail}")
+        return (not details), "; ".join(details), checks
 
     async def run_one(self, index: int, load: dict[str, Any],
                       session: aiohttp.ClientSession) -> dict[str, Any]:
@@ -186,8 +213,9 @@ class LiveSweep:
             cooldown = await cool_down(source, c.cooldown_temp_c, c.cooldown_max_s)
         reasons: list[str] = []
         flushed = False
+        flush_check: list[dict[str, Any]] = []
         if c.flush:
-            flushed, detail = await self.flush_all(session)
+            flushed, detail, flush_check = await self.flush_all(session)
             if not flushed:
                 reasons.append(f"unflushed: {detail}")
         workload = Workload(c.wcfg, random.Random(seed))
@@ -258,6 +286,8 @@ class LiveSweep:
             f"{c.engine} takes no ignore_eos: answer lengths are the engine's own",
         }
         point["run_index"] = index
+        if flush_check:
+            point["flush_check"] = flush_check
         point["cooldown"] = cooldown
         point["clock_floor_mhz"] = c.clock_floor_mhz
         point["files"] = {"telemetry": f"runs/{index:03d}/telemetry.jsonl",
@@ -303,22 +333,31 @@ class LiveSweep:
         return self.doc
 
     async def _refine(self, index: int, session: aiohttp.ClientSession) -> int:
+        """core.refine's policy (the twin's): close each open bracket, then bisect it, bounded
+        by the policy's run counts and loads and by `refine_budget_s` of wall time."""
         c = self.cfg
-        for mode, key in (("closed", "concurrency"), ("open", "rate_rps")):
-            if not any(p["load"]["mode"] == mode for p in self.points):
+        loop = asyncio.get_running_loop()
+        deadline = None if c.refine_budget_s is None else loop.time() + c.refine_budget_s
+        for mode in ("closed", "open"):
+            template = next((dict(x) for x in c.loads if x["mode"] == mode), None)
+            if template is None:
                 continue
-            for _ in range(c.refine_max_runs):
-                if self.stop.is_set():
-                    return index
-                knee = find_knee(self.points, mode, c.slo.attainment)  # type: ignore[arg-type]
-                tested = [load_value(p) for p in self.points if p["load"]["mode"] == mode]
-                nxt = bisect_next(knee, tested, mode)  # type: ignore[arg-type]
+            runs = {"extend": 0, "bisect": 0}
+            while not self.stop.is_set():
+                nxt = next_load(self.points, template, c.slo.attainment,
+                                extended=runs["extend"], bisected=runs["bisect"],
+                                policy=c.refine_policy())
                 if nxt is None:
                     break
-                value: float | int = int(nxt) if mode == "closed" else round(nxt, 4)
-                load = {"mode": mode, key: value}
-                self.on_event("refine", {"load": load, "knee": knee})
-                self._record(await self.run_one(index, load, session))
+                if deadline is not None and loop.time() >= deadline:
+                    self.on_event("refine_budget", {"budget_s": c.refine_budget_s,
+                                                    "load": nxt.load})
+                    return index
+                runs[nxt.phase] += 1
+                self.on_event("refine", {"load": nxt.load, "phase": nxt.phase,
+                                         "knee": find_knee(self.points, mode,
+                                                           c.slo.attainment)})
+                self._record(await self.run_one(index, nxt.load, session))
                 index += 1
         return index
 

@@ -64,8 +64,14 @@ def sweep(
     itl_stat: str = typer.Option("mean", help="Per-request statistic: mean, p99 or max."),
     attainment: float = typer.Option(0.99, help="Share of requests that must meet it."),
     cap_margin: int = typer.Option(0, help="Lower the recommended cap by N grid steps."),
-    refine: bool = typer.Option(False, "--refine", help="Bisect the knee's bracket with more "
-                                "runs until it is one user (or 10% of the rate) wide."),
+    refine: bool = typer.Option(False, "--refine", help="Close an open knee bracket (double "
+                                "the top while it meets, halve the lowest rate while it "
+                                "fails), then bisect it until it is one user (or 10% of the "
+                                "rate) wide: the twin's policy."),
+    refine_max_users: int = typer.Option(1024, help="--refine never doubles the closed loop "
+                                         "beyond this many users."),
+    refine_budget: float | None = typer.Option(None, help="--refine starts no run after this "
+                                               "many seconds of refinement."),
     api: str = typer.Option("chat", help="chat (text, the product's path) or completions-ids "
                             "(the twin's exact token ids)."),
     thinking: bool = typer.Option(False, "--thinking", help="Qwen3 thinking on (off by "
@@ -95,6 +101,8 @@ def sweep(
                 fail(f"--target {url!r} is not an http(s) URL")
         if duration <= 0 or warmup < 0 or drain < 0:
             fail("--duration must be positive, --warmup and --drain not negative")
+        if refine_max_users < 1 or (refine_budget is not None and refine_budget <= 0):
+            fail("--refine-max-users and --refine-budget must be positive")
         wcfg = WorkloadConfig(
             system_prompt_tokens=system_prompt_tokens, prompt_groups=prompt_groups,
             group_draw=parse_group_draw(group_draw),
@@ -117,6 +125,7 @@ def sweep(
             drain_s=drain, flush=flush, seed=seed, telemetry=telemetry,
             cooldown_temp_c=cooldown_temp, cooldown_max_s=cooldown_max,
             clock_floor_mhz=clock_floor, resume=resume, refine=refine, cap_margin=cap_margin,
+            refine_max_users=refine_max_users, refine_budget_s=refine_budget,
             api=api, thinking=thinking, api_key=api_key, labels=labels,
             max_send_lag_ms=max_send_lag_ms, max_loop_lag_ms=max_loop_lag_ms,
         )
@@ -138,6 +147,9 @@ def sweep(
                                   f"{info['invalid_reason']}")
             elif kind == "refine":
                 progress.update(task, total=(progress.tasks[0].total or 0) + 1)
+            elif kind == "refine_budget":
+                console.print(f"[yellow]refinement stopped:[/] its {info['budget_s']:g} s "
+                              f"budget is spent (next would have been {info['load']})")
             elif kind == "cooldown":
                 progress.update(task, description=f"run {info['index']}: cooling down")
 

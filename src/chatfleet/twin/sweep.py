@@ -2,26 +2,20 @@
 core), the chatfleet.sweep/1 document rebuilt after every point, and an optional refinement
 that closes an open knee bracket (doubles the top load while it still meets; in open loop
 halves the lowest rate while it fails) and then bisects it (closed loop to one user, open loop
-to 10% of the rate), as the live sweep's `--refine` bisects."""
+to 10% of the rate): `core.refine`'s policy, the one the live sweep's `--refine` follows."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO, bisect_next, load_value, sweep_document
+from chatfleet.core.metrics import SLO, sweep_document
+from chatfleet.core.refine import RefinePolicy, next_load
 from chatfleet.core.workload import WorkloadConfig
 from chatfleet.twin.fleet import FleetConfig, run_fleet_point
 from chatfleet.twin.run import run_point, target_block
-
-# Each bracket is bisected at most this many times (a closed bracket of 64 users needs 6).
-REFINE_MAX_RUNS = 6
-# An open bracket is first closed by doubling the top load (or halving the lowest rate), at
-# most this many times and never beyond these loads.
-EXTEND_MAX_RUNS = 5
-MAX_EXTENDED = {"closed": 4096.0, "open": 1024.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +28,7 @@ class TwinSweep:
     seed: int = 1
     fleet: FleetConfig | None = None
     cap_margin: int = 0
+    refine_policy: RefinePolicy = field(default_factory=RefinePolicy)
 
     def workload_block(self) -> dict[str, Any]:
         return {**self.workload.to_json(), "duration_s": self.duration_s,
@@ -76,27 +71,14 @@ class TwinSweep:
         for load in loads:
             add(load)
         if refine:
-            for mode, knee_key in (("closed", "knee"), ("open", "knee_rate")):
+            for mode in ("closed", "open"):
                 template = next((dict(x) for x in loads if x["mode"] == mode), None)
                 if template is None:
                     continue
-                key = "concurrency" if mode == "closed" else "rate_rps"
-                # an open bracket first: the grid's top still meets (double it), or, in open
-                # loop, its lowest rate already fails (halve it)
-                for _ in range(EXTEND_MAX_RUNS):
-                    tested = [load_value(p) for p in points if p["load"]["mode"] == mode]
-                    knee = doc[knee_key]
-                    if knee["fails"] is None and max(tested) * 2 <= MAX_EXTENDED[mode]:
-                        nxt_load = max(tested) * 2
-                    elif knee["meets"] is None and mode == "open":
-                        nxt_load = min(tested) / 2
-                    else:
-                        break
-                    add({**template, key: int(nxt_load) if mode == "closed" else nxt_load})
-                for _ in range(REFINE_MAX_RUNS):
-                    tested = [load_value(p) for p in points if p["load"]["mode"] == mode]
-                    nxt = bisect_next(doc[knee_key], tested, mode)  # type: ignore[arg-type]
-                    if nxt is None:
-                        break
-                    add({**template, key: int(nxt) if mode == "closed" else nxt})
+                runs = {"extend": 0, "bisect": 0}
+                while (nxt := next_load(points, template, self.slo.attainment,
+                                        extended=runs["extend"], bisected=runs["bisect"],
+                                        policy=self.refine_policy)) is not None:
+                    runs[nxt.phase] += 1
+                    add(nxt.load)
         return doc
