@@ -40,7 +40,8 @@ def simserver(
                                         "twin calibrate`."),
     oracle_dataset: Path | None = typer.Option(
         None, help="Oracle mode: answer the questions of this GSM8K or prompts file (JSON "
-                   "Lines) right with probability --oracle-accuracy (docs/accuracy.md)."),
+                   "Lines; gsm8k: the test split shipped with chatfleet) right with probability "
+                   "--oracle-accuracy (docs/accuracy.md)."),
     oracle_accuracy: float = typer.Option(
         1.0, help="Oracle mode: probability that a question is answered right, drawn per "
                   "question from --seed."),
@@ -55,6 +56,13 @@ def simserver(
             fail("--time-scale must be a positive finite number")
         if not (0.0 <= oracle_accuracy <= 1.0):
             fail("--oracle-accuracy must lie in [0, 1]")
+        if oracle_dataset is not None and str(oracle_dataset).strip().lower() == "gsm8k":
+            from chatfleet.check.accuracy import AccuracyInputError, gsm8k_split
+
+            try:
+                oracle_dataset = gsm8k_split()
+            except AccuracyInputError as exc:
+                fail(f"--oracle-dataset gsm8k: {exc}")
         if oracle_dataset is not None and not oracle_dataset.is_file():
             fail(f"--oracle-dataset: no file {oracle_dataset}")
         if not 0 <= port <= 65535 or (port and port + replicas - 1 > 65535):
