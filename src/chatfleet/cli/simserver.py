@@ -10,7 +10,15 @@ from pathlib import Path
 
 import typer
 
-from chatfleet.cli.common import clean_errors, console, fail, load_gpu, load_model, out
+from chatfleet.cli.common import (
+    clean_errors,
+    console,
+    fail,
+    load_gpu,
+    load_model,
+    out,
+    uncalibrated_note,
+)
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import precision
 
@@ -90,9 +98,11 @@ def simserver(
         srv = await start(cfg)
         for url in srv.urls:
             out.print(url, highlight=False)
-        cal = "" if spec.gpu.name == "l4" else " (uncalibrated)"
+        cal = "" if spec.is_calibrated else " (uncalibrated)"
         console.print(f"simserver: {spec.model.name} on {spec.gpu.name}{cal}, "
                       f"{spec.precision.label}, time scale {time_scale}; Ctrl-C stops")
+        if not spec.is_calibrated:
+            console.print(f"[yellow]{uncalibrated_note(spec.gpu.name)}[/]", highlight=False)
         if oracle_note is not None:
             console.print(oracle_note)
         stop = asyncio.Event()
