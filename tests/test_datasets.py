@@ -15,6 +15,7 @@ from chatfleet.datasets import (
     cached_sharegpt_length_pairs,
     extract_model_answer,
     gsm8k_answer,
+    gsm8k_test_path,
     load_gsm8k,
     load_length_file,
     load_qwen_tokenizer,
@@ -26,7 +27,7 @@ from chatfleet.datasets import (
     text_of_exact_tokens,
 )
 
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K_TEST = gsm8k_test_path()  # the split shipped with the package
 
 TWO_TURNS = [
     {"role": "system", "content": "You are terse."},

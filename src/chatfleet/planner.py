@@ -240,7 +240,8 @@ def gateway_config(req: PlanRequest, fig: PrecisionFigures, replicas: int) -> di
 
 
 def host_tier_of(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan) -> dict[str, Any]:
-    """DESIGN.md's host-tier rule on the working set of a card's users at this precision."""
+    """The method's host-tier rule (docs/facts.md#the-method) on the working set of a card's
+    users at this precision."""
     assert fig.users_per_card is not None
     prof = req.profile
     ws = working_set_tokens(fig.users_per_card, prof.system_prompt_tokens, prof.prompt_groups,

@@ -1,4 +1,4 @@
-"""Metrics math: expected values below are worked out by hand from DESIGN.md's definitions."""
+"""Metrics math: expected values below are worked out by hand from docs/metrics.md's definitions."""
 
 from __future__ import annotations
 

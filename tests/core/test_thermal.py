@@ -1,4 +1,4 @@
-"""Thermal model: the L4 profile against DESIGN.md's overload measurement (1,320 -> 465 MHz,
+"""Thermal model: the L4 profile against docs/facts.md#l4-under-overload (1,320 -> 465 MHz,
 70% of samples in thermal slowdown), and the clock factors it hands to the step-time model."""
 
 from __future__ import annotations

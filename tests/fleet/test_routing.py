@@ -30,7 +30,7 @@ QWEN = builtin_model("qwen3-8b")
 L4 = get_gpu("l4")
 BF16 = precision("bf16", "bf16")
 L4_BF16 = StepTimeModel(QWEN, L4, BF16, step_constants(L4, QWEN, BF16))
-SHARED = 2048  # DESIGN.md: every request starts with the same 2,048-token system prompt
+SHARED = 2048  # docs/facts.md#the-reference-case: every request starts with the same 2,048 tokens
 
 
 @dataclass

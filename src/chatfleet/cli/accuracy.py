@@ -29,8 +29,8 @@ def accuracy(
         "the reference. Name targets after their precision (bf16, fp8, or W/KV such as "
         "fp8/bf16): `chatfleet plan --accuracy FILE` matches names to precisions."),
     dataset: str = typer.Option(
-        "gsm8k", help="gsm8k (the test split: $CHATFLEET_GSM8K, ./data/gsm8k/test.jsonl or "
-        "../shared/data/gsm8k/test.jsonl), or the path of a GSM8K or prompts JSON Lines file "
+        "gsm8k", help="gsm8k (the test split shipped with chatfleet; $CHATFLEET_GSM8K names "
+        "another copy), or the path of a GSM8K or prompts JSON Lines file "
         "({\"prompt\": ..., \"answer\": ...} per line)."),
     n: int | None = typer.Option(None, "--n", help="Ask a sample of n questions (drawn with "
                                  "--seed); default: all of them."),

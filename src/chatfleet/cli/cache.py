@@ -20,6 +20,7 @@ from chatfleet.cli.common import (
     load_model,
     out,
     print_json,
+    uncalibrated_note,
     write_json_atomic,
 )
 from chatfleet.core.cache_analysis import (
@@ -262,7 +263,8 @@ def cache(
             prompt_tokens=sum(t.prompt_len for t in turns_list),
             span_s=round(max(t.time for t in turns_list) - min(t.time for t in turns_list), 1),
         )
-        target = {"gpu": spec.gpu.name, "model": spec.model.name, "weights": weights,
+        target = {"gpu": spec.gpu.name, "calibrated": spec.is_calibrated,
+                  "model": spec.model.name, "weights": weights,
                   "kv_cache": kv_cache, "card_pool_tokens": card_pool,
                   "ttft_model": "chunked prefill of the uncached tokens at batch 1 plus host "
                                 "load-back over PCIe, plus any wait for pool room"}
@@ -291,6 +293,8 @@ def cache(
               f"{doc['unbounded']['hit_rate']:.3f} "
               f"({_by_turn(doc['unbounded']['hit_rate_by_turn'])})")
     out.print(results_table(doc))
+    if not spec.is_calibrated:
+        out.print(f"[yellow]{uncalibrated_note(spec.gpu.name)}[/]", highlight=False)
     rec = doc["recommendation"]
     out.print(f"recommendation: pool {rec['pool_tokens']} tokens, {rec['policy']}, host tier "
               f"{rec['host_pool_tokens'] or 'off'}: {rec['reason']}")

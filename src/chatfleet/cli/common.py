@@ -21,6 +21,14 @@ console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 160)
 
 
+def uncalibrated_note(gpu: str) -> str:
+    """The line every text answer prints under figures the twin or the pool sizing gives for a
+    card no measurement is behind (every card but the L4; JSON says `calibrated: false`)."""
+    return (f"uncalibrated: the twin and the pool sizing have no {gpu} measurement: they apply "
+            f"the L4's fitted constants to the {gpu} datasheet (docs/calibration.md#other-gpus); "
+            "`chatfleet twin calibrate` fits a profile from a live sweep")
+
+
 @contextmanager
 def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
     """A callback `(what, done, total)` that keeps one bar per `what` on stderr, for long work

@@ -19,6 +19,7 @@ from chatfleet.cli.common import (
     parse_list,
     print_json,
     progress_bars,
+    uncalibrated_note,
     write_json_atomic,
 )
 from chatfleet.cli.twin import fmt
@@ -126,7 +127,8 @@ def gateway_yaml(doc: dict[str, Any]) -> str:
 
 def print_answer(doc: dict[str, Any]) -> None:
     rec = doc.get("recommendation")
-    t = Table(title=f"users per card at the knee: {doc['model']} on {doc['gpu']}, "
+    cal = "" if doc["calibrated"] else " (uncalibrated)"
+    t = Table(title=f"users per card at the knee: {doc['model']} on {doc['gpu']}{cal}, "
               f"{doc['target_users']} users, SLO TTFT <= {doc['slo']['ttft_ms']:.0f} ms, "
               f"TPOT <= {doc['slo']['tpot_ms']:.0f} ms for {doc['slo']['attainment']:.0%}")
     for col in ("precision", "KV pool", "users/card", "gateway cap", "goodput/s", "rate/replica",
@@ -143,6 +145,8 @@ def print_answer(doc: dict[str, Any]) -> None:
                   ("ok" if p["accuracy"]["allowed"] else "outside margin")
                   + ("" if p["accuracy"]["checked"] else " (not checked)"), where)
     out.print(t)
+    if not doc["calibrated"]:
+        out.print(f"[yellow]{uncalibrated_note(doc['gpu'])}[/]", highlight=False)
     if rec is None:
         out.print(f"[bold]no recommendation:[/] {doc['why_none']}")
         return
@@ -196,6 +200,8 @@ def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: f
         print_json(p.to_json())
         return
     out.print(pool_table(p))
+    if not p.calibrated:
+        out.print(f"[yellow]{uncalibrated_note(p.gpu)}[/]", highlight=False)
 
 
 def pool_table(p: PoolPlan) -> Table:

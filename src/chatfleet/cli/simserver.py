@@ -10,7 +10,15 @@ from pathlib import Path
 
 import typer
 
-from chatfleet.cli.common import clean_errors, console, fail, load_gpu, load_model, out
+from chatfleet.cli.common import (
+    clean_errors,
+    console,
+    fail,
+    load_gpu,
+    load_model,
+    out,
+    uncalibrated_note,
+)
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import precision
 
@@ -40,7 +48,8 @@ def simserver(
                                         "twin calibrate`."),
     oracle_dataset: Path | None = typer.Option(
         None, help="Oracle mode: answer the questions of this GSM8K or prompts file (JSON "
-                   "Lines) right with probability --oracle-accuracy (docs/accuracy.md)."),
+                   "Lines; gsm8k: the test split shipped with chatfleet) right with probability "
+                   "--oracle-accuracy (docs/accuracy.md)."),
     oracle_accuracy: float = typer.Option(
         1.0, help="Oracle mode: probability that a question is answered right, drawn per "
                   "question from --seed."),
@@ -55,6 +64,13 @@ def simserver(
             fail("--time-scale must be a positive finite number")
         if not (0.0 <= oracle_accuracy <= 1.0):
             fail("--oracle-accuracy must lie in [0, 1]")
+        if oracle_dataset is not None and str(oracle_dataset).strip().lower() == "gsm8k":
+            from chatfleet.check.accuracy import AccuracyInputError, gsm8k_split
+
+            try:
+                oracle_dataset = gsm8k_split()
+            except AccuracyInputError as exc:
+                fail(f"--oracle-dataset gsm8k: {exc}")
         if oracle_dataset is not None and not oracle_dataset.is_file():
             fail(f"--oracle-dataset: no file {oracle_dataset}")
         if not 0 <= port <= 65535 or (port and port + replicas - 1 > 65535):
@@ -82,9 +98,11 @@ def simserver(
         srv = await start(cfg)
         for url in srv.urls:
             out.print(url, highlight=False)
-        cal = "" if spec.gpu.name == "l4" else " (uncalibrated)"
+        cal = "" if spec.is_calibrated else " (uncalibrated)"
         console.print(f"simserver: {spec.model.name} on {spec.gpu.name}{cal}, "
                       f"{spec.precision.label}, time scale {time_scale}; Ctrl-C stops")
+        if not spec.is_calibrated:
+            console.print(f"[yellow]{uncalibrated_note(spec.gpu.name)}[/]", highlight=False)
         if oracle_note is not None:
             console.print(oracle_note)
         stop = asyncio.Event()

@@ -18,6 +18,7 @@ from chatfleet.cli.common import (
     out,
     parse_list,
     print_json,
+    uncalibrated_note,
     write_json_atomic,
 )
 from chatfleet.core.calibration import Calibration
@@ -330,6 +331,8 @@ def sweep(
         print_json(doc)
         return
     out.print(sweep_table(doc, title))
+    if not is_calibrated(spec):
+        out.print(f"[yellow]{uncalibrated_note(spec.gpu.name)}[/]", highlight=False)
     for line in knee_lines(doc):
         out.print(line)
     if json_out is not None:

@@ -607,8 +607,9 @@ def working_set_block(res: ReplayResult) -> dict[str, Any]:
 
 def recommend(results: Sequence[dict[str, Any]], working_set_peak: int,
               card_pool_tokens: int | None = None) -> dict[str, Any]:
-    """DESIGN.md's rule: grow the pool before changing the eviction policy; add a host tier
-    only when the working set is larger than the GPU pool and smaller than GPU plus host.
+    """The method's rule (docs/facts.md#the-method): grow the pool before changing the eviction
+    policy; add a host tier only when the working set is larger than the GPU pool and smaller
+    than GPU plus host.
 
     1. The smallest pool where the default policy (lru, else the first swept) holds without a
        host tier.

@@ -1,7 +1,7 @@
 """Every calibration constant of the twin, in one place, with its source.
 
-Measured data (DESIGN.md, an NVIDIA L4 running SGLang v0.5 with Qwen3-8B, concurrency 1,
-closed loop, cache reset, 512 input and 128 output tokens per request):
+Measured data (docs/facts.md#l4-calibration-points: an NVIDIA L4 running SGLang v0.5 with
+Qwen3-8B, concurrency 1, closed loop, cache reset, 512 input and 128 output tokens per request):
 
     BF16 weights + BF16 KV: 13.42 output tok/s, median TTFT 189.16 ms
     FP8 weights + FP8 KV:   24.53 output tok/s, median TTFT 140.72 ms
@@ -154,7 +154,8 @@ def fit_l4(
         attn_eff=bf16_gemm_eff,
         eager_s=eager_s,
         calibrated=True,
-        source="DESIGN.md L4 concurrency-1 points (SGLang v0.5, Qwen3-8B); fit_l4()",
+        source=("docs/facts.md#l4-calibration-points (L4, SGLang v0.5, Qwen3-8B, concurrency 1); "
+                "fit_l4()"),
     )
 
 
@@ -207,7 +208,7 @@ class ThermalProfile:
 
 
 def _l4_thermal() -> ThermalProfile:
-    """L4 (72 W, passive): fitted to DESIGN.md's fact: under a sustained open-loop overload a
+    """L4 (72 W, passive): fitted to docs/facts.md#l4-under-overload: under sustained overload a
     measured L4 fell from 1,320 to 465 MHz with 70% of samples in thermal slowdown.
 
     Steady state in slowdown: power(465 MHz, u=1) * R = slowdown - ambient fixes R.
@@ -225,7 +226,7 @@ def _l4_thermal() -> ThermalProfile:
     tau = t_hit / math.log((final - start) / (final - slow))
     return ThermalProfile("l4", ambient, idle_w, cap_w, loaded, 210.0, slow, r, tau,
                           mem_bound_floor_mhz=900.0,
-                          source="fitted to DESIGN.md's L4 overload measurement")
+                          source="fitted to the L4 overload (docs/facts.md#l4-under-overload)")
 
 
 THERMAL_PROFILES: dict[str, ThermalProfile] = {"l4": _l4_thermal()}

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from chatfleet.core.specs import GIB, GPU, Model, SpecError
 
 # Memory the CUDA context, cuBLAS/NCCL handles and PyTorch's allocator hold before SGLang loads
-# the weights. Source: DESIGN.md's L4 measurement (23,034 MiB visible, pools of 24,094 BF16 and
-# 142,369 FP8 tokens) solved for P with SGLang's default m = 0.837: both pools give 321 MiB,
-# which is the size of a CUDA 12 context on an Ada card. Used for every GPU (uncalibrated there).
+# the weights. Source: the L4 measurement of docs/facts.md#sglang-kv-pool-sizing (23,034 MiB
+# visible, pools of 24,094 BF16 and 142,369 FP8 tokens) solved for P with SGLang's default
+# m = 0.837: both pools give 321 MiB, which is the size of a CUDA 12 context on an Ada card.
+# Used for every GPU (uncalibrated there).
 CONTEXT_OVERHEAD_MIB = 321.0
 
-# The GPUs whose figures come from a measurement (DESIGN.md). Every other card is marked
-# uncalibrated in every output until a calibration profile exists for it.
+# The GPUs whose figures come from a measurement (docs/facts.md#l4-calibration-points). Every
+# other card is marked uncalibrated in every output until a calibration profile exists for it.
 CALIBRATED_GPUS = frozenset({"l4"})
 
 

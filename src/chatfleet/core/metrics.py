@@ -1,8 +1,8 @@
 """Metrics math: per-token ITL, SLO verdicts, percentiles, goodput, the knee and the sweep document.
 
-Definitions (DESIGN.md, "Load, metrics and verdicts: exact definitions"). All times in a
-`RequestRecord` are seconds on one clock (model time); figures in a sweep point are milliseconds
-(`*_ms`), seconds (`duration_s`) or per second (`*_rps`, `output_tok_s`).
+Definitions (docs/metrics.md states them for users). All times in a `RequestRecord` are seconds
+on one clock (model time); figures in a sweep point are milliseconds (`*_ms`), seconds
+(`duration_s`) or per second (`*_rps`, `output_tok_s`).
 
 - Per-token ITL: when one stream chunk carries k tokens, its gap is split evenly over the k
   tokens, never one sample per chunk (`expand_chunks`).

@@ -8,7 +8,7 @@ Every figure is read from a chatfleet.sweep/1 document and names the point it ca
   target attainment together with every lower count);
 - goodput at the target: that point's `goodput_rps` (requests per second that meet the target);
 - the gateway cap: the sweep's `recommended_cap` (requests in flight at that point), and the
-  engine guard (SGLang's --max-running-requests) at the same count (DESIGN.md);
+  engine guard (SGLang's --max-running-requests) at the same count (docs/facts.md#the-method);
 - the rate a replica sustains: the open-loop knee's `meets`, when the sweep has open-loop points;
 - replicas: ceil(users x (1 + headroom) / users per card); cards: replicas x cards per replica.
 
@@ -225,8 +225,8 @@ def working_set_tokens(users: int, system_prompt_tokens: int, prompt_groups: int
 
 
 def host_tier(working_set: int, pool_tokens: int, host_tokens: int) -> dict[str, Any]:
-    """DESIGN.md's rule: a host tier only when the working set is larger than the GPU pool and
-    smaller than GPU plus host."""
+    """The method's rule (docs/facts.md#the-method): a host tier only when the working set is
+    larger than the GPU pool and smaller than GPU plus host."""
     if working_set <= pool_tokens:
         return {"enable": False, "why": f"the working set ({working_set:,} tokens) fits the "
                 f"pool ({pool_tokens:,})"}

@@ -43,9 +43,9 @@ class GPU:
 
 
 # Public datasheet figures (dense, no sparsity). Visible memory is what the driver reports:
-# the L4's 23,034 MiB is DESIGN.md's measurement; the others are nvidia-smi totals as commonly
-# reported for those cards. PCIe: achievable host-to-device copy bandwidth (Gen4 x16 ~ 25 GB/s,
-# Gen5 x16 ~ 50 GB/s, A10G on Gen4 x8 in AWS g5 ~ 12 GB/s).
+# the L4's 23,034 MiB is a measurement (docs/facts.md#nvidia-l4); the others are nvidia-smi
+# totals as commonly reported for those cards. PCIe: achievable host-to-device copy bandwidth
+# (Gen4 x16 ~ 25 GB/s, Gen5 x16 ~ 50 GB/s, A10G on Gen4 x8 in AWS g5 ~ 12 GB/s).
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (

@@ -1,6 +1,6 @@
 """SGLang's scheduler (v0.5), modelled step by step, with the radix cache and the KV pool.
 
-Rules (DESIGN.md, and SGLang's scheduler.py / schedule_policy.py):
+Rules (docs/facts.md#sglang-scheduling: SGLang's scheduler.py / schedule_policy.py):
 - Prefill first: whenever a prefill batch can be formed it runs, and decode stalls meanwhile.
   No mixed batches. Prefill batches hold at most `chunked_prefill_size` new tokens; a longer
   prompt is chunked and its chunks continue first in the following prefill batches.
