@@ -23,11 +23,12 @@ from typing import Any
 
 import orjson
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.records import RequestRecord
 
 
-class ResultsError(ValueError):
+class ResultsError(ChatfleetError):
     pass
 
 

@@ -34,6 +34,7 @@ from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
 from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, find_knee, load_value, summarize_point
 from chatfleet.core.refine import BISECT_MAX_RUNS, EXTEND_MAX_RUNS, RefinePolicy, next_load
 from chatfleet.core.workload import (
@@ -131,7 +132,7 @@ class LiveSweep:
             try:
                 infos.append(await self.adapter.server_info(session, url))
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise ValueError(f"cannot reach the target {url}: {exc}") from exc
+                raise ChatfleetError(f"cannot reach the target {url}: {exc}") from exc
         info = infos[0] if infos else {}
         self.time_scale = float(info.get("time_scale") or 1.0)
         self.target = {

@@ -13,8 +13,8 @@ import orjson
 import typer
 from rich.console import Console
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import GPU, Model, SpecError, builtin_model, get_gpu, model_from_config
-from chatfleet.core.workload import WorkloadError
 
 console = Console(stderr=True)
 # tables are wide: keep them whole when stdout is a pipe or a file
@@ -60,11 +60,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 @contextmanager
 def clean_errors() -> Iterator[None]:
-    """Bad input becomes a one-line error and exit status 2, never a traceback."""
+    """Bad input (a `ChatfleetError`) becomes a one-line error and exit status 2, never a
+    traceback. Any other exception, a `ValueError` from numpy or `int("x")` included, is a bug
+    and keeps its traceback."""
     try:
         yield
-    except (SpecError, WorkloadError, ValueError) as exc:
+    except ChatfleetError as exc:
         fail(str(exc))
+    except UnicodeDecodeError as exc:  # a file read as text that is not (a binary file)
+        fail(f"not UTF-8 text: {exc}")
     except FileNotFoundError as exc:
         fail(f"file not found: {exc.filename}")
     except KeyboardInterrupt:

@@ -46,6 +46,7 @@ from typing import Any
 from chatfleet.core.engine.kv_pool import KVPool
 from chatfleet.core.engine.radix import EVICTION_POLICIES, MatchResult, RadixCache
 from chatfleet.core.engine.step_time import StepTimeModel, attention_pairs
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import percentiles
 from chatfleet.core.workload import LengthSpec, Workload, WorkloadConfig, WorkloadError
 
@@ -296,13 +297,13 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         if self.pool_tokens <= 0:
-            raise ValueError(f"pool tokens must be positive, got {self.pool_tokens}")
+            raise ChatfleetError(f"pool tokens must be positive, got {self.pool_tokens}")
         if self.host_pool_tokens < 0:
-            raise ValueError(f"host pool tokens must not be negative, got "
-                             f"{self.host_pool_tokens}")
+            raise ChatfleetError(f"host pool tokens must not be negative, got "
+                                 f"{self.host_pool_tokens}")
         if self.policy not in EVICTION_POLICIES:
-            raise ValueError(f"unknown eviction policy {self.policy!r}; one of "
-                             f"{', '.join(EVICTION_POLICIES)}")
+            raise ChatfleetError(f"unknown eviction policy {self.policy!r}; one of "
+                                 f"{', '.join(EVICTION_POLICIES)}")
 
 
 @dataclass(slots=True)

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, replace
 
 from chatfleet.core.engine.step_time import StepConstants, attention_pairs
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.memory import CALIBRATED_GPUS, tier_defaults
 from chatfleet.core.specs import GPU, Model, Precision, builtin_model, get_gpu
 
@@ -116,7 +117,7 @@ def fit_l4(
                   + mean_ctx * model.kv_bytes_per_token(bf16.kv_cache))
     streaming_s = bf16.itl_s - decode_fixed_s
     if streaming_s <= 0:
-        raise ValueError("the assumed decode fixed cost exceeds the measured time per token")
+        raise ChatfleetError("the assumed decode fixed cost exceeds the measured time per token")
     bandwidth_eff = bytes_bf16 / (streaming_s * gpu.bandwidth_gbs * 1e9)
 
     # 2. Prefill: fixed cost from BF16's TTFT at the assumed GEMM efficiency.
@@ -133,13 +134,13 @@ def fit_l4(
     gemm, weights, attn = compute_parts(bf16, bf16_gemm_eff)
     prefill_fixed_s = bf16.median_ttft_s - max(gemm, weights) - attn
     if prefill_fixed_s <= 0:
-        raise ValueError("the assumed BF16 GEMM efficiency leaves no prefill fixed cost")
+        raise ChatfleetError("the assumed BF16 GEMM efficiency leaves no prefill fixed cost")
 
     # 3. FP8's own constant: its GEMM efficiency, from its TTFT.
     _, weights8, attn8 = compute_parts(fp8, 1.0)
     gemm8_s = fp8.median_ttft_s - prefill_fixed_s - attn8
     if gemm8_s <= weights8:
-        raise ValueError(
+        raise ChatfleetError(
             "FP8's TTFT is below the fixed cost plus its weight streaming under this split: "
             "lower the assumed BF16 GEMM efficiency"
         )
@@ -269,10 +270,10 @@ def fit_point(
     efficiency): decode from the time per output token at the mean context, prefill from the
     TTFT of `new_tokens` computed after `cached_tokens` found in the cache."""
     if tpot_s <= decode_fixed_s:
-        raise ValueError(f"time per token {tpot_s * 1000:.2f} ms is below the assumed decode "
-                         f"fixed cost ({decode_fixed_s * 1000:.2f} ms)")
+        raise ChatfleetError(f"time per token {tpot_s * 1000:.2f} ms is below the assumed decode "
+                             f"fixed cost ({decode_fixed_s * 1000:.2f} ms)")
     if new_tokens < 1 or ttft_s <= 0:
-        raise ValueError("the calibration point needs a positive TTFT and prompt")
+        raise ChatfleetError("the calibration point needs a positive TTFT and prompt")
     kvb = model.kv_bytes_per_token(kv_cache)
     bytes_step = model.streamed_weight_bytes(weights) + decode_context * kvb
     bandwidth_eff = bytes_step / ((tpot_s - decode_fixed_s) * gpu.bandwidth_gbs * 1e9)
@@ -284,7 +285,7 @@ def fit_point(
     kv_read = cached_tokens * kvb / bw
     fixed = ttft_s - max(gemm, weights_s) - attn - kv_read
     if fixed <= 0:
-        raise ValueError(
+        raise ChatfleetError(
             f"TTFT {ttft_s * 1000:.1f} ms is shorter than the modelled prefill alone at GEMM "
             f"efficiency {gemm_eff}: pass a higher --gemm-eff")
     return Calibration(gpu=gpu.name, bandwidth_eff=bandwidth_eff, decode_fixed_s=decode_fixed_s,
@@ -313,7 +314,7 @@ def calibration_from_json(d: dict[str, object]) -> Calibration:
             eager_s=float(d["eager_s"]),  # type: ignore[arg-type]
             calibrated=bool(d.get("calibrated", True)), source=str(d.get("source", "")))
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a calibration profile: {exc}") from exc
+        raise ChatfleetError(f"not a calibration profile: {exc}") from exc
     if not 0 < cal.bandwidth_eff <= 1.5 or cal.prefill_fixed_s < 0 or cal.decode_fixed_s < 0:
-        raise ValueError("calibration profile has out-of-range constants")
+        raise ChatfleetError("calibration profile has out-of-range constants")
     return cal

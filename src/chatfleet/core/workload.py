@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from chatfleet.core.errors import ChatfleetError
+
 LengthKind = Literal["fixed", "uniform", "sharegpt", "file"]
 RangeConvention = Literal["sglang", "vllm"]
 GroupDraw = Literal["round-robin", "user", "request"]
@@ -35,7 +37,7 @@ _SEG_MUL = 7919
 _POS_MUL = 104729
 
 
-class WorkloadError(ValueError):
+class WorkloadError(ChatfleetError):
     """A workload parameter that cannot describe real traffic."""
 
 

@@ -24,10 +24,11 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.prompt import SharedPrompt
 
 
-class ConfigError(ValueError):
+class ConfigError(ChatfleetError):
     """A configuration that cannot be used, with the key that is wrong."""
 
 

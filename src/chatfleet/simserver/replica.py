@@ -24,6 +24,7 @@ from chatfleet.core.calibration import thermal_profile
 from chatfleet.core.engine.build import EngineSpec, build_scheduler
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Step
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.simserver.generation import Answer
 from chatfleet.simserver.metrics import ReplicaMetrics
 
@@ -108,7 +109,7 @@ class Replica:
     def __init__(self, name: str, spec: EngineSpec, *, time_scale: float = 1.0, seed: int = 0,
                  trace: TraceWriter | None = None, served_model_name: str = "qwen3-8b") -> None:
         if not (math.isfinite(time_scale) and time_scale > 0):
-            raise ValueError("time scale must be a positive finite number")
+            raise ChatfleetError("time scale must be a positive finite number")
         self.name = name
         self.spec = spec
         self.sched = build_scheduler(spec)

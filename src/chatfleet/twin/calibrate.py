@@ -24,6 +24,7 @@ from chatfleet.core.calibration import (
     fit_point,
 )
 from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.twin.run import run_point
@@ -37,11 +38,11 @@ def load_sweep(path: Path) -> dict[str, Any]:
     try:
         doc = orjson.loads(path.read_bytes())
     except FileNotFoundError:
-        raise ValueError(f"no sweep document at {path}") from None
+        raise ChatfleetError(f"no sweep document at {path}") from None
     except orjson.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from None
+        raise ChatfleetError(f"{path} is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != "chatfleet.sweep/1":
-        raise ValueError(f"{path} is not a chatfleet.sweep/1 document")
+        raise ChatfleetError(f"{path} is not a chatfleet.sweep/1 document")
     return doc
 
 
@@ -103,8 +104,8 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
     w = weights or target.get("weights")
     kv = kv_cache or target.get("kv_cache")
     if not gpu_name or not w or not kv:
-        raise ValueError("the sweep's target does not name its GPU and precisions: pass "
-                         "--gpu, --weights and --kv-cache")
+        raise ChatfleetError("the sweep's target does not name its GPU and precisions: pass "
+                             "--gpu, --weights and --kv-cache")
     card = get_gpu(gpu_name)
     mdl = builtin_model(model_name)
     prec = precision(w, kv)
@@ -113,7 +114,7 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
     ones = [p for p in points if p["load"]["mode"] == "closed"
             and p["load"].get("concurrency") == 1]
     if not ones:
-        raise ValueError("calibration needs a valid concurrency-1 point in the sweep")
+        raise ChatfleetError("calibration needs a valid concurrency-1 point in the sweep")
     one = ones[0]
     mean_in, mean_out = mean_lengths(wcfg.lengths)
     prompt = wcfg.system_prompt_tokens + mean_in
@@ -152,9 +153,9 @@ def load_profile(path: Path) -> tuple[Calibration, dict[str, Any]]:
     try:
         doc = orjson.loads(path.read_bytes())
     except FileNotFoundError:
-        raise ValueError(f"no profile at {path}") from None
+        raise ChatfleetError(f"no profile at {path}") from None
     except orjson.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from None
+        raise ChatfleetError(f"{path} is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
-        raise ValueError(f"{path} is not a {PROFILE_SCHEMA} profile")
+        raise ChatfleetError(f"{path} is not a {PROFILE_SCHEMA} profile")
     return calibration_from_json(doc["calibration"]), doc

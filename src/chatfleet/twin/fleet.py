@@ -21,6 +21,7 @@ from typing import Any
 from chatfleet.core.engine.build import EngineSpec, build_scheduler
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
 from chatfleet.core.metrics import SLO, summarize_point
@@ -65,10 +66,10 @@ class FleetConfig:
 
     def __post_init__(self) -> None:
         if self.hop_s < 0:
-            raise ValueError("hop_s must not be negative")
+            raise ChatfleetError("hop_s must not be negative")
         if self.replicas < 1 or self.cap < 1 or self.queue_depth < 0:
-            raise ValueError("a fleet needs at least 1 replica, a cap of at least 1 and a "
-                             "queue depth of at least 0")
+            raise ChatfleetError("a fleet needs at least 1 replica, a cap of at least 1 and a "
+                                 "queue depth of at least 0")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

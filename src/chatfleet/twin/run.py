@@ -18,6 +18,7 @@ from chatfleet.core.calibration import thermal_profile
 from chatfleet.core.engine.build import EngineSpec, build_scheduler
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import (
@@ -176,15 +177,15 @@ def run_point(
     With `replicas` > 1 the users are spread over that many identical engines by `route`
     (the seam the gateway's admission and routing plug into)."""
     if duration_s <= 0 or warmup_s < 0 or drain_s < 0:
-        raise ValueError("duration must be positive, warm-up and drain not negative")
+        raise ChatfleetError("duration must be positive, warm-up and drain not negative")
     if replicas < 1:
-        raise ValueError("replicas must be at least 1")
+        raise ChatfleetError("replicas must be at least 1")
     slo = slo or SLO()
     scheds = [build_scheduler(spec) for _ in range(replicas)]
     sched = scheds[0]
     need = wcfg.max_context_tokens()
     if need > sched.pool.capacity_tokens:
-        raise ValueError(
+        raise ChatfleetError(
             f"a session can reach {need} tokens (system prompt + turns), more than the "
             f"{sched.pool.capacity_tokens}-token KV pool holds"
         )

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from chatfleet.core.errors import ChatfleetError
+
 DEFAULT_SESSION_TTL_S = 600.0
 
 
@@ -31,9 +33,9 @@ class SessionTable:
     def __init__(self, ttl_s: float = DEFAULT_SESSION_TTL_S,
                  max_sessions: int | None = None) -> None:
         if ttl_s <= 0:
-            raise ValueError("the session TTL must be positive")
+            raise ChatfleetError("the session TTL must be positive")
         if max_sessions is not None and max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
+            raise ChatfleetError("max_sessions must be at least 1")
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
         self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
