@@ -29,7 +29,6 @@ import json
 import os
 import random
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from datetime import datetime
@@ -47,6 +46,7 @@ from tokenizers import Tokenizer
 
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.jsonl import json_objects
+from chatfleet.io import write_atomic
 
 __all__ = [
     "SHAREGPT_MAX_PROMPT_LEN",
@@ -717,16 +717,7 @@ def cached_sharegpt_length_pairs(
         max_total_len=max_total_len,
         human_first=human_first,
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sharegpt-pairs-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"key": key, "pairs": pairs}, f, separators=(",", ":"))
-        os.replace(tmp, cache_file)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(cache_file, json.dumps({"key": key, "pairs": pairs}, separators=(",", ":")))
     return pairs
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet.bench.client import StreamOutcome
-from chatfleet.bench.results import dumps, write_atomic
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.specs import builtin_model, get_gpu, precision
+from chatfleet.io import write_json
 from chatfleet.parity import FleetParity, run_fleet_parity
 from chatfleet.planner import PlanRequest, Progress, SessionProfile, make_plan
 from chatfleet.report import PROOF_SCHEMA, build_report
@@ -47,12 +47,6 @@ class DemoConfig:
     seed: int = 1
     live: bool = True
     profile: SessionProfile = field(default_factory=SessionProfile)  # the plan's and the live run's
-
-
-def write_json(path: Path, doc: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, dumps(doc))
-    return path
 
 
 def run_plan(cfg: DemoConfig, progress: Progress | None) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from chatfleet.cli.common import (
     out,
     print_json,
     uncalibrated_note,
-    write_json_atomic,
 )
 from chatfleet.core.cache_analysis import (
     UNIQUE_ID_BASE,
@@ -43,6 +42,7 @@ from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.jsonl import json_objects
 from chatfleet.core.specs import precision
+from chatfleet.io import write_json
 
 
 def parse_sizes(text: str, what: str, allow_zero: bool = False) -> list[int]:
@@ -283,7 +283,7 @@ def cache(
                 bar.advance(task)
         doc = cache_document(trace_info, target, reference, results, card_pool)
         if out_path is not None:
-            write_json_atomic(out_path, doc)
+            write_json(out_path, doc)
     if as_json:
         print_json(doc)
         return

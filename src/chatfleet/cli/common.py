@@ -1,4 +1,4 @@
-"""Shared pieces of the command line: spec lookup, clean errors, atomic JSON writes."""
+"""Shared pieces of the command line: spec lookup, clean errors, printing JSON."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-import orjson
 import typer
 from rich.console import Console
 
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import GPU, Model, SpecError, builtin_model, get_gpu, model_from_config
+from chatfleet.io import dumps
 
 console = Console(stderr=True)
 # tables are wide: keep them whole when stdout is a pipe or a file
@@ -110,13 +110,5 @@ def parse_list(text: str, cast: Callable[[str], Any], what: str) -> list[Any]:
     return values
 
 
-def write_json_atomic(path: Path, doc: Any) -> None:
-    """Write `doc` so that a reader (or a crash) never sees a half-written file."""
-    from chatfleet.bench.results import dumps, write_atomic
-
-    write_atomic(path, dumps(doc))
-
-
 def print_json(doc: Any) -> None:
-    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2
-                                  | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+    sys.stdout.write(dumps(doc).decode() + "\n")

@@ -20,11 +20,11 @@ from chatfleet.cli.common import (
     print_json,
     progress_bars,
     uncalibrated_note,
-    write_json_atomic,
 )
 from chatfleet.cli.twin import fmt
 from chatfleet.core.memory import PoolPlan, plan_pool
 from chatfleet.core.metrics import SLO
+from chatfleet.io import write_atomic, write_json
 
 
 def plan(
@@ -106,10 +106,9 @@ def plan(
         with progress_bars() as progress:
             doc = make_plan(req, progress)
         if out_path is not None:
-            write_json_atomic(out_path, doc)
+            write_json(out_path, doc)
         if gateway_config_out is not None and doc.get("gateway_config"):
-            gateway_config_out.parent.mkdir(parents=True, exist_ok=True)
-            gateway_config_out.write_text(gateway_yaml(doc), encoding="utf-8")
+            write_atomic(gateway_config_out, gateway_yaml(doc))
     if as_json:
         print_json(doc)
         return

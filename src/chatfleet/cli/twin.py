@@ -19,7 +19,6 @@ from chatfleet.cli.common import (
     parse_list,
     print_json,
     uncalibrated_note,
-    write_json_atomic,
 )
 from chatfleet.core.calibration import Calibration
 from chatfleet.core.engine.build import EngineSpec
@@ -27,6 +26,7 @@ from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import precision
 from chatfleet.core.workload import GROUP_DRAWS, GroupDraw, LengthSpec, WorkloadConfig
+from chatfleet.io import write_json
 from chatfleet.twin.fleet import MEASURED_HOP_S
 from chatfleet.twin.run import is_calibrated
 from chatfleet.twin.sweep import TwinSweep
@@ -195,7 +195,7 @@ def calibrate_cmd(
     with clean_errors():
         prof = calibrate(from_, gpu=gpu, model=model, weights=weights, kv_cache=kv_cache,
                          gemm_eff=gemm_eff)
-        write_json_atomic(out_path, prof)
+        write_json(out_path, prof)
     if as_json:
         print_json(prof)
         return
@@ -321,7 +321,7 @@ def sweep(
 
             def on_point(partial: dict[str, Any]) -> None:
                 if json_out is not None:
-                    write_json_atomic(json_out, partial)
+                    write_json(json_out, partial)
                 if len(partial["points"]) > len(loads):  # a refinement point
                     bar.update(task, total=len(partial["points"]))
                 bar.advance(task)

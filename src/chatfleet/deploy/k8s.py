@@ -29,6 +29,7 @@ from chatfleet.core.memory import plan_pool
 from chatfleet.core.specs import SpecError, builtin_model, get_gpu, precision
 from chatfleet.engines.sglang import SGLANG_METRICS, SGLangAdapter
 from chatfleet.gateway.config import ConfigError, parse_config
+from chatfleet.io import write_atomic
 
 SGLANG_PORT = 30000
 GATEWAY_PORT = 8080
@@ -549,10 +550,7 @@ def write(out_dir: Path, files: Mapping[str, str]) -> list[Path]:
     for rel, text in files.items():
         path = out_dir / rel
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(path)
+            write_atomic(path, text)
         except OSError as exc:
             raise DeployError(f"cannot write {path}: {exc.strerror or exc}") from exc
         written.append(path)
