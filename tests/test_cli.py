@@ -267,3 +267,47 @@ def test_clean_errors_turns_only_chatfleet_errors_into_exit_2() -> None:
         assert exit_info.value.exit_code == 2
     with pytest.raises(ValueError, match="not a user error"), clean_errors():
         raise ValueError("not a user error")
+
+
+def test_each_flag_default_is_read_from_its_one_home() -> None:
+    """The run window, the SLO, the reference lengths and the gateway's queue come from the
+    module or dataclass that owns them, so a flag cannot drift from the code's default."""
+    import typer.main
+
+    from chatfleet.bench.sweep import LiveSweepConfig
+    from chatfleet.core import defaults
+    from chatfleet.core.fleet.fleet import FleetSettings
+    from chatfleet.core.metrics import SLO
+    from chatfleet.core.workload import LengthSpec, WorkloadConfig
+    from chatfleet.gateway.config import GatewayConfig
+    from chatfleet.twin.fleet import FleetConfig
+    from chatfleet.twin.sweep import TwinSweep
+
+    root = typer.main.get_command(app)
+
+    def flag_defaults(*path: str) -> dict[str, object]:
+        cmd = root
+        for name in path:
+            cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        return {p.name: p.default for p in cmd.params if p.name is not None}
+
+    slo, lengths = SLO(), LengthSpec()
+    for path in (("twin", "sweep"), ("sweep",), ("plan",)):
+        got = flag_defaults(*path)
+        assert (got["slo_ttft_ms"], got["slo_tpot_ms"], got["itl_stat"], got["attainment"]) == (
+            slo.ttft_ms, slo.tpot_ms, slo.itl_stat, slo.attainment), path
+        assert (got["duration"], got["warmup"], got["seed"]) == (
+            defaults.DURATION_S, defaults.WARMUP_S, defaults.SEED), path
+        assert got["system_prompt_tokens"] == WorkloadConfig().system_prompt_tokens, path
+        assert (got["input_len"], got["output_len"]) == (lengths.input_len, lengths.output_len)
+    assert flag_defaults("sweep")["drain"] == defaults.DRAIN_S
+    assert flag_defaults("twin", "sweep")["queue_depth"] == FleetSettings().queue_depth
+    fleet = FleetSettings()
+    for cfg in (GatewayConfig(), FleetConfig(replicas=1, cap=1)):
+        assert (cfg.queue_depth, cfg.ttft_budget_s, cfg.prefill_reserve_s) == (
+            fleet.queue_depth, fleet.ttft_budget_s, fleet.prefill_reserve_s)
+    live = LiveSweepConfig([], "sglang", "m", [], WorkloadConfig(), Path("."))
+    twin = TwinSweep(None, WorkloadConfig(), slo)  # type: ignore[arg-type]
+    for run in (live, twin):
+        assert (run.duration_s, run.warmup_s, run.seed) == (
+            defaults.DURATION_S, defaults.WARMUP_S, defaults.SEED)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet.bench.client import StreamOutcome
+from chatfleet.core.defaults import SEED
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -44,7 +45,7 @@ class DemoConfig:
     overload: float = 2.0  # the live load, in multiples of the fleet's cap
     replicas: int = 2
     cap_margin: int = 0  # the plan's default (docs/facts.md#the-method: meets is below `fails`)
-    seed: int = 1
+    seed: int = SEED
     live: bool = True
     profile: SessionProfile = field(default_factory=SessionProfile)  # the plan's and the live run's
 

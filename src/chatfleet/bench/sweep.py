@@ -34,6 +34,7 @@ from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
 from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
+from chatfleet.core.defaults import DRAIN_S, DURATION_S, SEED, WARMUP_S
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, find_knee, load_value, summarize_point
 from chatfleet.core.refine import BISECT_MAX_RUNS, EXTEND_MAX_RUNS, RefinePolicy, next_load
@@ -58,11 +59,11 @@ class LiveSweepConfig:
     wcfg: WorkloadConfig
     out: Path
     slo: SLO = field(default_factory=SLO)
-    duration_s: float = 300.0
-    warmup_s: float = 30.0
-    drain_s: float = 300.0
+    duration_s: float = DURATION_S
+    warmup_s: float = WARMUP_S
+    drain_s: float = DRAIN_S
     flush: bool = True
-    seed: int = 1
+    seed: int = SEED
     telemetry: str = "none"
     cooldown_temp_c: float | None = None
     cooldown_max_s: float = 300.0

@@ -22,8 +22,10 @@ from chatfleet.cli.common import (
     uncalibrated_note,
 )
 from chatfleet.cli.twin import fmt
-from chatfleet.core.memory import PoolPlan, plan_pool
+from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
+from chatfleet.core.memory import REQUEST_TOKENS, PoolPlan, plan_pool
 from chatfleet.core.metrics import SLO
+from chatfleet.core.workload import LengthSpec
 from chatfleet.io import write_atomic, write_json
 
 
@@ -36,8 +38,10 @@ def plan(
                                  "precision, bf16 or fp8."),
     mem_fraction: float | None = typer.Option(
         None, help="SGLang's --mem-fraction-static; default: SGLang's rule for the card."),
-    request_tokens: int = typer.Option(640, help="Pool sizing only: tokens one request adds."),
-    system_prompt_tokens: int = typer.Option(2048, help="Tokens of the shared system prompt."),
+    request_tokens: int = typer.Option(
+        REQUEST_TOKENS, help="Pool sizing only: tokens one request adds."),
+    system_prompt_tokens: int = typer.Option(
+        SYSTEM_PROMPT_TOKENS, help="Tokens of the shared system prompt."),
     users: int | None = typer.Option(None, help="Concurrent users to serve: gives the full "
                                      "answer (without it: pool sizing only)."),
     sweep: list[Path] = typer.Option([], "--sweep", help="A chatfleet.sweep/1 file (or live "
@@ -47,12 +51,16 @@ def plan(
     precisions: str = typer.Option("bf16,fp8", help="Precisions to sweep with the twin: bf16, "
                                    "fp8, or W/KV such as fp8/bf16."),
     headroom: float = typer.Option(0.2, help="Spare capacity for the fleet (0.2: 20%)."),
-    slo_ttft_ms: float = typer.Option(1000.0, help="TTFT target."),
-    slo_tpot_ms: float = typer.Option(100.0, help="Per-token target."),
-    itl_stat: str = typer.Option("mean", help="Per-request statistic: mean (TPOT), p99, max."),
-    attainment: float = typer.Option(0.99, help="Share of requests that must meet the target."),
-    input_len: int = typer.Option(512, help="Session profile: user tokens per turn (mean)."),
-    output_len: int = typer.Option(128, help="Session profile: answer tokens per turn (mean)."),
+    slo_ttft_ms: float = typer.Option(SLO().ttft_ms, help="TTFT target."),
+    slo_tpot_ms: float = typer.Option(SLO().tpot_ms, help="Per-token target."),
+    itl_stat: str = typer.Option(
+        SLO().itl_stat, help="Per-request statistic: mean (TPOT), p99, max."),
+    attainment: float = typer.Option(
+        SLO().attainment, help="Share of requests that must meet the target."),
+    input_len: int = typer.Option(
+        LengthSpec().input_len, help="Session profile: user tokens per turn (mean)."),
+    output_len: int = typer.Option(
+        LengthSpec().output_len, help="Session profile: answer tokens per turn (mean)."),
     range_ratio: float = typer.Option(0.5, help="Lengths uniform within +-this share."),
     turns: int = typer.Option(1, help="Session profile: turns per session."),
     think_time: float = typer.Option(0.0, help="Session profile: mean think time, seconds."),
@@ -61,9 +69,9 @@ def plan(
                              "(the knee is then bisected to one user)."),
     rates: str = typer.Option("0.125,0.25,0.5,1,2,4",
                               help="Twin: fixed arrival rates, requests/s."),
-    duration: float = typer.Option(300.0, help="Twin: measurement window per point, seconds."),
-    warmup: float = typer.Option(30.0, help="Twin: warm-up per point, seconds."),
-    seed: int = typer.Option(1, help="Base seed."),
+    duration: float = typer.Option(DURATION_S, help="Twin: measurement window per point, seconds."),
+    warmup: float = typer.Option(WARMUP_S, help="Twin: warm-up per point, seconds."),
+    seed: int = typer.Option(SEED, help="Base seed."),
     host_kv_gib: float = typer.Option(16.0, help="Host memory a replica may give HiCache, GiB."),
     eviction: str = typer.Option("lru", help="Radix eviction policy for the launch command."),
     model_path: str | None = typer.Option(None, help="Checkpoint for the launch commands "

@@ -21,8 +21,10 @@ from chatfleet.cli.common import (
     uncalibrated_note,
 )
 from chatfleet.core.calibration import Calibration
+from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.engine.radix import EVICTION_POLICIES
+from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import precision
 from chatfleet.core.workload import GROUP_DRAWS, GroupDraw, LengthSpec, WorkloadConfig
@@ -230,15 +232,17 @@ def sweep(
     rate: str | None = typer.Option(
         None, help="Open-loop arrival rates (sessions/s), e.g. 0.5,1,2"),
     arrival: str = typer.Option("poisson", help="poisson or gamma:B (B<1 burstier)."),
-    input_len: int = typer.Option(512, help="User message tokens (fixed/uniform)."),
-    output_len: int = typer.Option(128, help="Answer tokens (fixed/uniform)."),
+    input_len: int = typer.Option(
+        LengthSpec().input_len, help="User message tokens (fixed/uniform)."),
+    output_len: int = typer.Option(LengthSpec().output_len, help="Answer tokens (fixed/uniform)."),
     lengths: str = typer.Option("fixed", help="fixed, uniform, sharegpt or file."),
     range_ratio: float = typer.Option(0.0, help="uniform: --random-range-ratio."),
     range_convention: str = typer.Option("sglang", help="uniform: sglang ([r*len, len]) or "
                                          "vllm ([len*(1-r), len*(1+r)])."),
     length_file: Path | None = typer.Option(
         None, help="lengths=file: JSONL of input_len/output_len."),
-    system_prompt_tokens: int = typer.Option(2048, help="Shared system prompt tokens."),
+    system_prompt_tokens: int = typer.Option(
+        SYSTEM_PROMPT_TOKENS, help="Shared system prompt tokens."),
     prompt_groups: int = typer.Option(1, help="Distinct shared system prompts."),
     group_draw: str = typer.Option("round-robin", help=GROUP_DRAW_HELP),
     turns: int = typer.Option(1, help="Turns per session."),
@@ -252,14 +256,16 @@ def sweep(
     host_pool_tokens: int = typer.Option(0, help="HiCache host tier size in tokens (0: off)."),
     pool_tokens: int | None = typer.Option(None, help="Override the planned KV pool (what-if)."),
     mem_fraction: float | None = typer.Option(None, help="SGLang's --mem-fraction-static."),
-    duration: float = typer.Option(300.0, help="Measurement window, virtual seconds."),
-    warmup: float = typer.Option(30.0, help="Warm-up before the window, virtual seconds."),
-    seed: int = typer.Option(1, help="Base seed; point i uses seed + i."),
+    duration: float = typer.Option(DURATION_S, help="Measurement window, virtual seconds."),
+    warmup: float = typer.Option(WARMUP_S, help="Warm-up before the window, virtual seconds."),
+    seed: int = typer.Option(SEED, help="Base seed; point i uses seed + i."),
     thermal: bool = typer.Option(False, "--thermal", help="Switch the thermal model on."),
-    slo_ttft_ms: float = typer.Option(1000.0, help="TTFT target."),
-    slo_tpot_ms: float = typer.Option(100.0, help="Per-token target."),
-    itl_stat: str = typer.Option("mean", help="Per-request statistic: mean (TPOT), p99, max."),
-    attainment: float = typer.Option(0.99, help="Share of requests that must meet the target."),
+    slo_ttft_ms: float = typer.Option(SLO().ttft_ms, help="TTFT target."),
+    slo_tpot_ms: float = typer.Option(SLO().tpot_ms, help="Per-token target."),
+    itl_stat: str = typer.Option(
+        SLO().itl_stat, help="Per-request statistic: mean (TPOT), p99, max."),
+    attainment: float = typer.Option(
+        SLO().attainment, help="Share of requests that must meet the target."),
     cap_margin: int = typer.Option(0, help="Lower the recommended cap by this many grid steps."),
     refine: bool = typer.Option(False, "--refine", help="Bisect each knee bracket with more "
                                 "points (closed loop to one user, open loop to 10%% of the "
@@ -270,7 +276,8 @@ def sweep(
                                  "(with --cap): the load is the whole fleet's."),
     cap: int | None = typer.Option(None, help="Gateway cap on requests in flight per replica: "
                                    "runs the fleet (admission, queue, sheds, routing)."),
-    queue_depth: int = typer.Option(64, help="Gateway queue depth (with --cap)."),
+    queue_depth: int = typer.Option(
+        FleetSettings().queue_depth, help="Gateway queue depth (with --cap)."),
     affinity: bool = typer.Option(True, "--affinity/--no-affinity", help="Sessions to their "
                                   "replica (rendezvous + spill rule), or least-loaded."),
     prefill_reserve_ms: float = typer.Option(

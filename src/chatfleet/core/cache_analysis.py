@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatfleet.core.defaults import SYSTEM_PROMPT_TOKENS
 from chatfleet.core.engine.kv_pool import KVPool
 from chatfleet.core.engine.radix import EVICTION_POLICIES, MatchResult, RadixCache
 from chatfleet.core.engine.step_time import StepTimeModel, attention_pairs
@@ -165,7 +166,7 @@ class SyntheticConfig:
 
     sessions: int = 24
     turns: int = 8
-    system_prompt_tokens: int = 2048
+    system_prompt_tokens: int = SYSTEM_PROMPT_TOKENS
     user_tokens: int = 128
     answer_tokens: int = 256
     length_spread: float = 0.5  # lengths uniform in [len x (1 - r), len x (1 + r)]

@@ -23,6 +23,7 @@ from chatfleet.core.calibration import (
     calibration_to_json,
     fit_point,
 )
+from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -127,11 +128,11 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
                f"({target.get('engine', '?')} on {gpu_name}) on {_dt.date.today()}")
     spec = EngineSpec(card, mdl, prec, calibration=cal)
     errors = []
-    duration = float(doc.get("workload", {}).get("duration_s", 300.0))
-    warmup = float(doc.get("workload", {}).get("warmup_s", 30.0))
+    duration = float(doc.get("workload", {}).get("duration_s", DURATION_S))
+    warmup = float(doc.get("workload", {}).get("warmup_s", WARMUP_S))
     for p in points:
         tw = run_point(spec, wcfg, dict(p["load"]), duration_s=duration, warmup_s=warmup,
-                       seed=int(p.get("seed", 1))).point
+                       seed=int(p.get("seed", SEED))).point
         row: dict[str, Any] = {"load": p["load"], "fitted_on": p is one}
         for key, live, twin in (
             ("ttft_p50", p["ttft_ms"]["p50"], tw["ttft_ms"]["p50"]),

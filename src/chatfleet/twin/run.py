@@ -15,6 +15,7 @@ from typing import Any
 
 from chatfleet import __version__
 from chatfleet.core.calibration import thermal_profile
+from chatfleet.core.defaults import DURATION_S, SEED, TWIN_DRAIN_S, WARMUP_S
 from chatfleet.core.engine.build import EngineSpec, build_scheduler
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler
@@ -164,10 +165,10 @@ def run_point(
     wcfg: WorkloadConfig,
     load: Load,
     *,
-    duration_s: float = 300.0,
-    warmup_s: float = 30.0,
-    seed: int = 1,
-    drain_s: float = 600.0,
+    duration_s: float = DURATION_S,
+    warmup_s: float = WARMUP_S,
+    seed: int = SEED,
+    drain_s: float = TWIN_DRAIN_S,
     slo: SLO | None = None,
     replicas: int = 1,
     route: Route = route_by_user,
