@@ -11,8 +11,7 @@ import typer
 from rich.table import Table
 
 from chatfleet.cli.common import clean_errors, console, fail, out, print_json, progress_bars
-from chatfleet.cli.plan import pool_table, print_answer
-from chatfleet.cli.twin import fmt
+from chatfleet.cli.render import fmt, pool_table, print_answer
 from chatfleet.core.defaults import SEED
 from chatfleet.core.memory import plan_pool
 from chatfleet.core.specs import builtin_model, get_gpu

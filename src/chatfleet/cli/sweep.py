@@ -11,14 +11,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from chatfleet.cli.common import clean_errors, console, fail, out
-from chatfleet.cli.twin import (
-    GROUP_DRAW_HELP,
-    build_lengths,
-    build_loads,
-    knee_lines,
-    parse_group_draw,
-    sweep_table,
-)
+from chatfleet.cli.options import GROUP_DRAW_HELP, build_lengths, build_loads, parse_group_draw
+from chatfleet.cli.render import knee_lines, sweep_table
 from chatfleet.core.defaults import DRAIN_S, DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.metrics import SLO
 from chatfleet.core.workload import LengthSpec, WorkloadConfig

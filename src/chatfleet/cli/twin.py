@@ -12,22 +12,27 @@ from rich.table import Table
 from chatfleet.cli.common import (
     clean_errors,
     console,
-    fail,
     load_gpu,
     load_model,
     out,
-    parse_list,
     print_json,
     uncalibrated_note,
 )
-from chatfleet.core.calibration import Calibration
+from chatfleet.cli.options import (
+    GROUP_DRAW_HELP,
+    build_lengths,
+    build_loads,
+    parse_group_draw,
+    profile_calibration,
+)
+from chatfleet.cli.render import knee_lines, sweep_table
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import precision
-from chatfleet.core.workload import GROUP_DRAWS, GroupDraw, LengthSpec, WorkloadConfig
+from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.io import write_json
 from chatfleet.twin.fleet import MEASURED_HOP_S
 from chatfleet.twin.run import is_calibrated
@@ -35,148 +40,6 @@ from chatfleet.twin.sweep import TwinSweep
 
 twin_app = typer.Typer(help="The engine twin: SGLang on a given GPU, in virtual time.",
                        no_args_is_help=True)
-
-
-def parse_arrival(text: str) -> float:
-    """'poisson' -> burstiness 1; 'gamma:B' -> B."""
-    if text == "poisson":
-        return 1.0
-    if text.startswith("gamma:"):
-        try:
-            b = float(text.split(":", 1)[1])
-        except ValueError:
-            fail(f"bad arrival {text!r}: use poisson or gamma:B with B a number")
-        if b <= 0:
-            fail("gamma burstiness must be positive")
-        return b
-    fail(f"bad arrival {text!r}: use poisson or gamma:B")
-
-
-def build_lengths(kind: str, input_len: int, output_len: int, range_ratio: float,
-                  convention: str, length_file: Path | None) -> LengthSpec:
-    if kind in ("fixed", "uniform"):
-        return LengthSpec(kind, input_len, output_len, range_ratio,  # type: ignore[arg-type]
-                          convention)  # type: ignore[arg-type]
-    if kind == "sharegpt":
-        from chatfleet.datasets import cached_sharegpt_length_pairs
-
-        with console.status("loading ShareGPT length pairs (cached after the first run)"):
-            pairs = cached_sharegpt_length_pairs()
-        return LengthSpec("sharegpt", pairs=tuple(pairs))
-    if kind == "file":
-        if length_file is None:
-            fail("--lengths file needs --length-file PATH")
-        from chatfleet.datasets import load_length_file
-
-        return LengthSpec("file", pairs=tuple(load_length_file(length_file)))
-    fail(f"unknown --lengths {kind!r}: fixed, uniform, sharegpt or file")
-
-
-GROUP_DRAW_HELP = ("How a session gets its prompt group: round-robin (over sessions, in "
-                   "creation order), user (user u always in group u mod G) or request (each "
-                   "session draws one of the G at random from its seeded generator, as "
-                   "SGLang's generated-shared-prefix benchmark; one turn: each request).")
-
-
-def parse_group_draw(text: str) -> GroupDraw:
-    for draw in GROUP_DRAWS:
-        if text == draw:
-            return draw
-    fail(f"unknown --group-draw {text!r}: {', '.join(GROUP_DRAWS)}")
-
-
-def build_loads(concurrency: str | None, rate: str | None,
-                arrival: str) -> list[dict[str, Any]]:
-    """The load points of a sweep: closed-loop user counts, then open-loop rates."""
-    loads: list[dict[str, Any]] = [
-        {"mode": "closed", "concurrency": c}
-        for c in parse_list(concurrency, int, "--concurrency")
-    ] if concurrency else []
-    if rate:
-        b = parse_arrival(arrival)
-        loads += [{"mode": "open", "rate_rps": r, "arrival": arrival, "burstiness": b}
-                  for r in parse_list(rate, float, "--rate")]
-    if not loads:
-        fail("nothing to run: give --concurrency or --rate")
-    return loads
-
-
-def point_row(p: dict[str, Any]) -> list[str]:
-    load = p["load"]
-    label = (f"{load['concurrency']} users" if load["mode"] == "closed"
-             else f"{load['rate_rps']} rps")
-    thin = "*" if p.get("thin") else ""
-    if not p.get("valid", True):
-        label += " (invalid)"
-    e = p.get("engine") or {}
-    return [
-        label,
-        f"{p['attainment']:.3f}{thin}",
-        fmt(p["goodput_rps"], ".2f"),
-        fmt(p["output_tok_s"], ".0f"),
-        fmt(p["ttft_ms"]["p50"], ".0f"),
-        fmt(p["ttft_ms"]["p99"], ".0f"),
-        fmt(p["tpot_ms"]["p50"], ".0f"),
-        fmt(p["tpot_ms"]["p99"], ".0f"),
-        fmt(p["itl_ms"]["p99"], ".0f"),
-        fmt(e.get("max_running"), "d"),
-        fmt(e.get("max_queue"), "d"),
-        fmt(e.get("peak_token_usage"), ".2f"),
-    ]
-
-
-def fmt(value: Any, spec: str) -> str:
-    """A figure, or a dash where the source had none (an engine without metrics)."""
-    if value is None:
-        return "-"
-    if spec == "d":
-        return str(int(value))
-    return format(value, spec)
-
-
-def sweep_table(doc: dict[str, Any], title: str) -> Table:
-    t = Table(title=title,
-              caption="times in ms; * thin: fewer than 200 requests behind the percentiles")
-    gated = any("fleet" in p or p["requests"].get("shed") for p in doc["points"])
-    cols = ["load", "attain", "goodput/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
-            "TPOT p99", "ITL p99", "running", "queue", "usage"]
-    if gated:  # a gateway in front: what it shed, and what the admitted users saw
-        cols[2:2] = ["admitted attain", "shed"]
-    for col in cols:
-        t.add_column(col, justify="right")
-    for p in doc["points"]:
-        row = point_row(p)
-        if gated:
-            row[2:2] = [fmt(p.get("admitted_attainment"), ".3f"), str(p["requests"]["shed"])]
-        t.add_row(*row)
-    return t
-
-
-def knee_lines(doc: dict[str, Any]) -> list[str]:
-    k, kr, peak = doc["knee"], doc["knee_rate"], doc["throughput_peak"]
-    lines = []
-    if any(p["load"]["mode"] == "closed" for p in doc["points"]):
-        lines.append(f"closed-loop knee: meets {k['meets']} users, fails {k['fails']} users; "
-                     f"recommended gateway cap: {doc['recommended_cap']}")
-        if peak and peak.get("load") is not None:
-            lines.append(f"throughput peak: {peak['output_tok_s']:.0f} output tok/s at "
-                         f"{peak['load']} users (never the limit)")
-    if any(p["load"]["mode"] == "open" for p in doc["points"]):
-        lines.append(f"open-loop knee: meets {kr['meets']} rps, fails {kr['fails']} rps")
-    return lines
-
-
-def profile_calibration(profile: Path | None, gpu: str) -> Calibration | None:
-    if profile is None:
-        return None
-    from chatfleet.core.specs import get_gpu
-    from chatfleet.twin.calibrate import load_profile
-
-    cal, _ = load_profile(profile)
-    if get_gpu(gpu).name != cal.gpu:
-        console.print(f"[yellow]note:[/] profile {profile} was fitted on {cal.gpu}, used for "
-                      f"{gpu}: the results are marked uncalibrated")
-    return cal
 
 
 @twin_app.command("calibrate")
