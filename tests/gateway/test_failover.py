@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 import requests
 
+from chatfleet.core.fleet.fleet import FleetTrace, replay
+from chatfleet.gateway.app import step_time_for
 from chatfleet.gateway.config import hash_key
+from chatfleet.gateway.fleet import DecisionLog, fleet_settings
 from tests.gateway.conftest import (
     HTTP_TIMEOUT,
     Fake,
@@ -56,7 +59,8 @@ def test_requests_failed_before_the_first_byte_wait_for_room_never_502(
                          # (and failing) requests for the whole burst
                          health={"probe_interval_s": 30.0, "eject_after_failures": 100,
                                  "readmit_after_successes": 1})
-    with gateway(cfg) as g:
+    log, calls, step_time = DecisionLog(), FleetTrace(), step_time_for(cfg)
+    with gateway(cfg, decisions=log, fleet_trace=calls, step_time=step_time) as g:
         assert g.gateway.fleet.replicas["bad"].serving  # it passed its start-up probe
         if failure == "refused":
             bad.stop()
@@ -80,6 +84,11 @@ def test_requests_failed_before_the_first_byte_wait_for_room_never_502(
         assert good.max_in_flight <= 2
         assert good.completed == statuses[200] >= 2
         assert bad.completed == 0
+    # the requeues are core calls: the trace replays to the live decisions, one for one
+    assert any(name == "requeue" for _, name, _ in calls.calls)
+    again = [(d.request.request_id, d.outcome, d.replica)
+             for d in replay(calls, {}, fleet_settings(cfg), step_time)]
+    assert again == [(rid, outcome, replica) for _, rid, outcome, replica, _ in log.rows]
 
 
 def test_a_replica_takes_no_request_before_its_first_successful_probe(
