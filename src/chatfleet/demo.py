@@ -7,24 +7,28 @@ proved live.
    one user; the recommendation, doubled traffic, the launch commands, the gateway config.
 3. Live: two simserver replicas (the same engine model, in wall-clock time) behind the gateway
    at the recommended cap, driven at twice the fleet's cap for a bounded time, beside the
-   twin's prediction of the same run; the replicas' own traces show the cap held.
-4. The HTML report of the three sweeps.
+   twin's prediction of the same run; the replicas' own traces show the cap held. Written as a
+   chatfleet.live-proof/1 document (live/proof.json; the run's point stays in live/sweep.json
+   for machines).
+4. The HTML report of the two twin sweeps, with the live proof in its own section.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chatfleet.bench.client import StreamOutcome
 from chatfleet.bench.results import dumps, write_atomic
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.specs import builtin_model, get_gpu, precision
-from chatfleet.parity import run_fleet_parity
+from chatfleet.parity import FleetParity, run_fleet_parity
 from chatfleet.planner import PlanRequest, Progress, SessionProfile, make_plan
-from chatfleet.report import build_report
+from chatfleet.report import PROOF_SCHEMA, build_report
 from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
 from chatfleet.twin.run import target_block
 
@@ -88,18 +92,62 @@ def run_live(cfg: DemoConfig, plan: dict[str, Any]) -> dict[str, Any]:
                 "seed": cfg.seed}
     doc = sweep_document(target, workload, SLO(), [live])
     write_json(live_dir / "sweep.json", doc)
+    proof = proof_document(cfg, rec["gateway_cap"], load, target, live, res)
+    write_json(live_dir / PROOF_FILE, proof)
     return {"users": users, "cap": rec["gateway_cap"], "replicas": cfg.replicas,
-            "live": summary(live), "twin": summary(res.twin_point),
+            "live": proof["live"], "twin": proof["twin"],
             "max_in_flight_seen_by_replicas": res.max_in_flight,
-            "sweep": str(live_dir / "sweep.json")}
+            "sweep": str(live_dir / "sweep.json"), "proof": str(live_dir / PROOF_FILE)}
+
+
+PROOF_FILE = "proof.json"
+
+
+def proof_document(cfg: DemoConfig, cap: int, load: dict[str, Any], target: dict[str, Any],
+                   live: dict[str, Any], res: FleetParity) -> dict[str, Any]:
+    """The live run as a chatfleet.live-proof/1 document (docs/report.md): the cap, the load
+    as a multiple of the fleet's cap, attempts, shed (with Retry-After), admitted attainment
+    and each replica's own peak in flight from its trace, the twin's prediction beside it."""
+    window = (cfg.warmup_s, cfg.warmup_s + cfg.live_s)
+    twin_peaks = res.twin_point.get("fleet", {}).get("max_in_flight", [])
+    return {
+        "schema": PROOF_SCHEMA,
+        "target": {k: target[k] for k in ("gpu", "model", "weights", "kv_cache", "engine",
+                                          "via")},
+        "replicas": cfg.replicas, "cap_per_replica": cap, "load": load,
+        "load_multiple": cfg.overload, "duration_s": cfg.live_s, "warmup_s": cfg.warmup_s,
+        "live": {**summary(live), **shed_answers(res.drive.outcomes, load["mode"], window),
+                 "peak_in_flight": dict(sorted(res.max_in_flight.items()))},
+        "twin": {**summary(res.twin_point),
+                 "peak_in_flight": {f"replica-{i}": n for i, n in enumerate(twin_peaks)}},
+        "peak_in_flight_source": "the replicas' own traces (trace.jsonl)",
+        "files": {"sweep": "sweep.json", "trace": "trace.jsonl"},
+    }
 
 
 def summary(point: dict[str, Any]) -> dict[str, Any]:
+    """The proof's figures of one side's point: attempts are the point's offered requests
+    (every attempt of the window, the retries of shed users included)."""
     r = point["requests"]
-    return {"offered": r["offered"], "completed": r["completed"], "shed": r["shed"],
-            "failed": r["failed"], "admitted_attainment": point.get("admitted_attainment"),
+    return {"attempts": r["offered"], "completed": r["completed"],
+            "shed": r["shed"], "failed": r["failed"],
+            "admitted_attainment": point.get("admitted_attainment"),
             "attainment": point["attainment"], "ttft_p99_ms": point["ttft_ms"]["p99"],
             "tpot_p99_ms": point["tpot_ms"]["p99"], "goodput_rps": point["goodput_rps"]}
+
+
+def shed_answers(outcomes: Sequence[StreamOutcome], mode: str,
+                 window: tuple[float, float]) -> dict[str, Any]:
+    """Of the window's shed answers (as the point counts them: sent in the window in closed
+    loop, scheduled in it in open loop), how many carried a Retry-After, and its median (s)."""
+    def at(o: StreamOutcome) -> float:
+        return o.record.send_time if mode == "closed" else o.record.scheduled_time
+
+    waits = [o.retry_after_s for o in outcomes
+             if o.record.outcome == "shed" and window[0] <= at(o) < window[1]]
+    given = [w for w in waits if w is not None]
+    return {"shed_with_retry_after": len(given),
+            "retry_after_s_p50": statistics.median(given) if given else None}
 
 
 def run_demo(cfg: DemoConfig, progress: Progress | None = None,
@@ -114,10 +162,11 @@ def run_demo(cfg: DemoConfig, progress: Progress | None = None,
         say(f"live: {cfg.replicas} simserver replicas behind the gateway at cap "
             f"{rec['gateway_cap']}, {cfg.overload:g}x the fleet's cap for {cfg.live_s:g} s")
         result["live"] = run_live(cfg, plan)
-        sources.append(cfg.out / "live")  # a sweep directory: labelled "live" in the report
     say("the report")
+    # the live run is a proof of the cap, not a sweep: its own section, never a knee line
     paths = build_report(sources, out_dir=cfg.out,
-                         title="chatfleet demo: Qwen3-8B on L4 (twin and simserver)")
+                         title="chatfleet demo: Qwen3-8B on L4 (twin and simserver)",
+                         live_proof=result["live"]["proof"] if "live" in result else None)
     result["report"] = str(paths.html)
     write_json(cfg.out / "demo.json", result)
     return {**result, "plan_doc": plan}

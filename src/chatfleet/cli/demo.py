@@ -62,7 +62,7 @@ def print_live(live: dict[str, Any]) -> None:
         t.add_column(col, justify="right")
     for side in ("live", "twin"):
         s = live[side]
-        t.add_row(side, str(s["offered"]), str(s["completed"]), str(s["shed"]), str(s["failed"]),
+        t.add_row(side, str(s["attempts"]), str(s["completed"]), str(s["shed"]), str(s["failed"]),
                   fmt(s["admitted_attainment"], ".3f"), fmt(s["attainment"], ".3f"),
                   fmt(s["ttft_p99_ms"], ".0f"), fmt(s["tpot_p99_ms"], ".0f"))
     out.print(t)

@@ -13,7 +13,7 @@ import io
 import re
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import matplotlib
@@ -26,17 +26,13 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import (
-    FixedLocator,
-    FuncFormatter,
-    LogLocator,
-    NullFormatter,
-    NullLocator,
-)
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from chatfleet.core.metrics import load_value
+from chatfleet.report import human
 from chatfleet.report.load import Series, Sweep, number
-from chatfleet.report.tables import fmt_load_value, get, load_text
+from chatfleet.report.tables import get, load_text
+from chatfleet.report.ticks import set_load_ticks, thin_labels
 
 Getter = Callable[[Mapping[str, Any]], float | None]
 
@@ -68,12 +64,14 @@ MAX_LINE_SAMPLES = 2000
 
 @dataclass(slots=True)
 class Plot:
-    """One figure of the report: an anchor, a title, a caption and the inline SVG."""
+    """One figure of the report: an anchor, a title, a caption and the inline SVG (and the
+    matplotlib figure it was drawn from, for whoever wants to measure it)."""
 
     key: str
     title: str
     caption: str
     svg: str
+    figure: Figure | None = field(default=None, repr=False, compare=False)
 
 
 def _style() -> Any:
@@ -96,6 +94,7 @@ def _mode_points(sweep: Sweep, mode: str) -> list[Mapping[str, Any]]:
 
 
 def _svg_of(fig: Figure, salt: str) -> str:
+    thin_labels(fig)  # the load axes' labels that would collide become unlabelled ticks
     buf = io.StringIO()
     with rc_context(cast(Any, {"svg.hashsalt": salt, "svg.fonttype": "none"})):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None,
@@ -120,14 +119,7 @@ def _new_figure(ncols: int, nrows: int, width_per_col: float = 6.2,
 
 
 def _load_axis(ax: Axes, loads: Sequence[float], mode: str, label: bool = True) -> None:
-    xs = sorted({x for x in loads if x > 0})
-    if xs and xs[-1] / xs[0] >= 8:
-        ax.set_xscale("log", base=2 if mode == "closed" else 10)
-    if xs:
-        ticks = xs if len(xs) <= 14 else xs[:: max(1, len(xs) // 10)]
-        ax.xaxis.set_major_locator(FixedLocator(ticks))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([fmt_load_value(x) for x in ticks])
+    set_load_ticks(ax, loads, mode)
     if label:
         ax.set_xlabel(MODE_AXIS[mode])
 
@@ -223,12 +215,12 @@ def _knee_legend(sweep: Sweep, mode: str, c: str) -> Patch | None:
     knee = sweep.doc.get("knee" if mode == "closed" else "knee_rate")
     if not isinstance(knee, Mapping) or not _mode_points(sweep, mode):
         return None
-    unit = "users" if mode == "closed" else "rps"
-    meets = "none" if knee.get("meets") is None else fmt_load_value(knee["meets"])
-    fails = "none" if knee.get("fails") is None else fmt_load_value(knee["fails"])
+    names = human.loads(mode, [knee.get("meets"), knee.get("fails")])
+    meets = "none" if number(knee.get("meets")) is None else names[float(knee["meets"])]
+    fails = "none" if number(knee.get("fails")) is None else names[float(knee["fails"])]
     return Patch(facecolor=c, alpha=0.25, edgecolor=c,
                  label=f"{sweep.label} {MODE_TITLE[mode]} knee: meets {meets}, "
-                       f"fails {fails} {unit}")
+                       f"fails {fails} {human.unit(mode)}")
 
 
 def _common_handles(sweeps: Sequence[Sweep]) -> list[Any]:
@@ -259,7 +251,7 @@ def _no_points_plot(key: str, title: str) -> Plot:
     fig, axes = _new_figure(1, 1, height_per_row=1.6)
     _empty(axes[0][0], "no points")
     axes[0][0].set_axis_off()
-    return Plot(key, title, "No points to plot.", _svg_of(fig, key))
+    return Plot(key, title, "No points to plot.", _svg_of(fig, key), fig)
 
 
 def _slo_targets(sweeps: Sequence[Sweep], key: str, default: float) -> list[float]:
@@ -317,7 +309,7 @@ def goodput_plot(sweeps: Sequence[Sweep]) -> Plot:
                "as misses). The shaded band is each sweep's knee bracket: the dashed line is the "
                "highest load that meets the target attainment together with every lower load, "
                "the dotted line the next tested load, which fails.")
-    return Plot(key, title, caption, svg)
+    return Plot(key, title, caption, svg, fig)
 
 
 # (percentile key, line style, marker)
@@ -380,7 +372,7 @@ def latency_plot(sweeps: Sequence[Sweep]) -> Plot:
                "completed request (p50, p99, max). The per-token target applies to each "
                f"request's own statistic ({', '.join(stats)}); the pooled ITL p99 and max show "
                "the decode stalls that prefill-first scheduling causes. Log scale.")
-    return Plot(key, title, caption, svg)
+    return Plot(key, title, caption, svg, fig)
 
 
 def _positive_data(ax: Axes) -> bool:
@@ -436,7 +428,7 @@ def throughput_plot(sweeps: Sequence[Sweep]) -> Plot:
     caption = ("Output tokens per second of the window. Throughput peaks at a load where the "
                "target is no longer met: the peak is reported to explain the limit, never used "
                "as the limit (that is the knee, dashed).")
-    return Plot(key, title, caption, svg)
+    return Plot(key, title, caption, svg, fig)
 
 
 def cache_plot(sweeps: Sequence[Sweep]) -> Plot:
@@ -461,7 +453,7 @@ def cache_plot(sweeps: Sequence[Sweep]) -> Plot:
     caption = ("Prompt tokens served from the prefix cache, over the completed requests. With "
                "one shared system prompt it should stay high at every load; a drop means the "
                "pool evicts the shared prefix (or the prompt is not byte-identical).")
-    return Plot(key, title, caption, svg)
+    return Plot(key, title, caption, svg, fig)
 
 
 def _thin_out(ts: list[float], vs: list[float]) -> tuple[list[float], list[float]]:
@@ -534,7 +526,7 @@ def _timeline_panels(
                 axes[-1][col].legend(handles, labels, fontsize=7.5, ncol=3, loc="upper center",
                                      bbox_to_anchor=(0.5, -0.28))
         svg = _svg_of(fig, key)
-    return Plot(key, title, caption, svg)
+    return Plot(key, title, caption, svg, fig)
 
 
 def telemetry_plot(sweeps: Sequence[Sweep]) -> Plot | None:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatfleet.core.metrics import load_value
+from chatfleet.report import human
+from chatfleet.report.human import DASH
 from chatfleet.report.load import Sweep, number
-
-DASH = "–"
 
 
 @dataclass(slots=True)
@@ -42,17 +42,11 @@ def fmt(value: Any, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
-def fmt_load_value(value: Any) -> str:
-    x = number(value)
-    if x is None:
-        return DASH
-    return f"{x:g}"
-
-
 def load_text(load: Mapping[str, Any]) -> str:
+    """"24 users", "0.3 rps" (for people: see `human`)."""
     if load.get("mode") == "closed":
-        return f"{fmt_load_value(load.get('concurrency'))} users"
-    text = f"{fmt_load_value(load.get('rate_rps'))} rps"
+        return f"{human.users(load.get('concurrency'))} users"
+    text = f"{human.rate(load.get('rate_rps'))} rps"
     arrival = load.get("arrival")
     if isinstance(arrival, str) and arrival != "poisson":
         text += f" ({arrival})"
@@ -115,7 +109,7 @@ def points_table(sweep: Sweep) -> Table:
             validity(p),
             fmt(get(p, "requests", "offered")) + ("*" if thin else ""),
             fmt(p.get("attainment"), 3),
-            fmt(p.get("goodput_rps"), 2),
+            human.rate(p.get("goodput_rps")),
             fmt(p.get("output_tok_s"), 0),
             fmt(get(p, "ttft_ms", "p50")),
             fmt(get(p, "ttft_ms", "p99")),
@@ -156,12 +150,16 @@ def points_table(sweep: Sweep) -> Table:
     return Table(headers, rows, notes, invalid)
 
 
-def _knee_text(knee: Any, unit: str) -> str:
+def _knee_text(knee: Any, mode: str) -> str:
+    """"meets 24 users, fails 25 users"; a bracket's two rates are told apart ("meets 1.25
+    rps, fails 1.31 rps", not 1.2 and 1.3)."""
     if not isinstance(knee, Mapping):
         return DASH
-    meets, fails = knee.get("meets"), knee.get("fails")
-    m = "none" if meets is None else f"{fmt_load_value(meets)} {unit}"
-    f = "none tested" if fails is None else f"{fmt_load_value(fails)} {unit}"
+    meets, fails = number(knee.get("meets")), number(knee.get("fails"))
+    names = human.loads(mode, [meets, fails])
+    unit = human.unit(mode)
+    m = "none" if meets is None else f"{names[meets]} {unit}"
+    f = "none tested" if fails is None else f"{names[fails]} {unit}"
     return f"meets {m}, fails {f}"
 
 
@@ -177,11 +175,11 @@ def knee_lines(sweep: Sweep) -> list[str]:
     lines = []
     if has_mode(sweep, "closed"):
         cap = doc.get("recommended_cap")
-        lines.append(f"{sweep.label}: closed-loop knee: {_knee_text(doc.get('knee'), 'users')}; "
+        lines.append(f"{sweep.label}: closed-loop knee: {_knee_text(doc.get('knee'), 'closed')}; "
                      f"recommended gateway cap: {DASH if cap is None else cap}")
     if has_mode(sweep, "open"):
         lines.append(f"{sweep.label}: open-loop knee: "
-                     f"{_knee_text(doc.get('knee_rate'), 'rps')}")
+                     f"{_knee_text(doc.get('knee_rate'), 'open')}")
     if get(doc, "throughput_peak", "load") is not None:
         lines.append(f"{sweep.label}: throughput peak: {peak_text(doc)} (never the limit)")
     return lines
@@ -191,8 +189,9 @@ def peak_text(doc: Mapping[str, Any]) -> str:
     peak = doc.get("throughput_peak")
     if not isinstance(peak, Mapping) or peak.get("load") is None:
         return "none (no valid point)"
-    unit = "rps" if peak.get("mode") == "open" else "users"
-    return f"{fmt(peak.get('output_tok_s'))} output tok/s at {fmt_load_value(peak['load'])} {unit}"
+    mode = "open" if peak.get("mode") == "open" else "closed"
+    return (f"{fmt(peak.get('output_tok_s'))} output tok/s at "
+            f"{human.load(mode, peak['load'])} {human.unit(mode)}")
 
 
 def slo_text(doc: Mapping[str, Any]) -> str:
@@ -236,10 +235,10 @@ def summary_table(sweeps: Sequence[Sweep]) -> Table:
     def add(name: str, values: list[str]) -> None:
         rows.append([name, *values])
 
-    add("closed-loop knee", [_knee_text(s.doc.get("knee"), "users")
+    add("closed-loop knee", [_knee_text(s.doc.get("knee"), "closed")
                              if has_mode(s, "closed") else "no closed-loop point"
                              for s in sweeps])
-    add("open-loop knee", [_knee_text(s.doc.get("knee_rate"), "rps")
+    add("open-loop knee", [_knee_text(s.doc.get("knee_rate"), "open")
                            if has_mode(s, "open") else "no open-loop point" for s in sweeps])
     add("throughput peak (never the limit)", [peak_text(s.doc) for s in sweeps])
     add("recommended gateway cap", [
