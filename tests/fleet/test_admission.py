@@ -88,6 +88,7 @@ OPS = st.lists(
         st.tuples(st.just("release"), st.integers(0, 10), st.floats(0.0, 0.5)),
         st.tuples(st.just("cap"), st.tuples(st.integers(0, 2), st.integers(0, 4)),
                   st.floats(0.0, 0.5)),
+        st.tuples(st.just("fail"), st.integers(0, 10), st.floats(0.0, 0.5)),
     ),
     max_size=80,
 )
@@ -106,6 +107,9 @@ def test_random_orders_keep_every_invariant(ops: list[tuple[str, Any, float]],
     final: dict[str, Decision] = {}
     offered: list[FleetRequest] = []
     admitted_order: list[FleetRequest] = []
+    running: list[tuple[FleetRequest, str]] = []  # admitted, not yet released or failed
+    requeued: set[str] = set()
+    num_failed = 0
 
     def apply(decisions: Iterable[Decision], before: dict[str, int],
               queued_before: list[FleetRequest]) -> None:
@@ -118,6 +122,7 @@ def test_random_orders_keep_every_invariant(ops: list[tuple[str, Any, float]],
             if d.admitted:
                 assert d.at <= ac.deadline(d.request), "admitted past its deadline"
                 admitted_order.append(d.request)
+                running.append((d.request, d.replica or ""))
             else:
                 assert d.retry_after_s is not None and d.retry_after_s >= 1
                 assert d.retry_after_ms is not None
@@ -125,9 +130,10 @@ def test_random_orders_keep_every_invariant(ops: list[tuple[str, Any, float]],
         for r in names:
             # a call never takes a replica above its cap (a lowered cap only stops admissions)
             assert ac.in_flight(r) <= max(ac.cap(r), before[r])
-        # work-conserving: nothing waits while a replica has room
-        if any(ac.can_admit(r) for r in names):
-            assert ac.queue_depth() == 0
+        # work-conserving: nothing waits while a replica it may go to has room (a requeued
+        # request never goes back to the replica it failed on)
+        for q in ac.queued_requests():
+            assert not any(ac.can_admit(r) for r in names if r != ac.avoids(q.request_id))
         # returning sessions go first: no new-session request was admitted from the queue
         # while a returning one that was already waiting is still waiting
         if priority:
@@ -147,9 +153,18 @@ def test_random_orders_keep_every_invariant(ops: list[tuple[str, Any, float]],
             offered.append(r)
             apply(ac.offer(r, now), before, queued_before)
         elif op == "release":
-            busy = [r for r in names if ac.in_flight(r) > 0]
-            if busy:
-                apply(ac.release(busy[arg % len(busy)], now), before, queued_before)
+            if running:
+                _, where = running.pop(arg % len(running))
+                apply(ac.release(where, now), before, queued_before)
+        elif op == "fail":  # failed before its first byte: placed again
+            if running:
+                failed, where = running.pop(arg % len(running))
+                num_failed += 1
+                del final[failed.request_id]
+                requeued.add(failed.request_id)
+                out = ac.requeue(failed, where, now)
+                assert out[0].request == failed and out[0].replica != where
+                apply(out, before, queued_before)
         else:
             which, cap = arg
             apply(ac.set_cap(names[which % len(names)], cap, now), before, queued_before)
@@ -157,16 +172,19 @@ def test_random_orders_keep_every_invariant(ops: list[tuple[str, Any, float]],
     # drain: past every deadline, then finish everything running
     now += 10.0
     apply(ac.expire(now), {r: ac.in_flight(r) for r in names}, ac.queued_requests())
-    for r in names:
-        while ac.in_flight(r):
-            apply(ac.release(r, now), {n: ac.in_flight(n) for n in names}, [])
+    while running:
+        apply(ac.release(running.pop()[1], now), {n: ac.in_flight(n) for n in names}, [])
+    assert all(ac.in_flight(r) == 0 for r in names)
     assert ac.queue_depth() == 0
     assert set(final) == {r.request_id for r in offered}, "every request ends admitted or shed"
-    # FCFS within a class (sessionless requests, least-loaded route: any slot fits anyone)
+    # FCFS within a class (sessionless requests, least-loaded route: any slot fits anyone),
+    # requeued ones aside (they go ahead of their class)
     for classes in ([True], [False]) if priority else ([True, False],):
-        order = [offered.index(r) for r in admitted_order if r.returning in classes]
+        order = [offered.index(r) for r in admitted_order
+                 if r.returning in classes and r.request_id not in requeued]
         assert order == sorted(order)
-    assert ac.num_admitted + sum(ac.num_shed.values()) == len(offered)
+    assert ac.num_admitted + sum(ac.num_shed.values()) == len(offered) + ac.num_requeued
+    assert ac.num_requeued == num_failed
 
 
 # --- deadlines -----------------------------------------------------------------------------------
@@ -348,3 +366,116 @@ def test_a_route_that_names_one_replica_waits_for_it() -> None:
     assert ac.offer(req(), 0.0)[0].queued
     assert ac.queued_ahead("a", req()) == 1
     assert ac.in_flight("b") == 0
+
+
+# --- a failure before the first byte: requeue ----------------------------------------------------
+def test_a_request_failed_before_its_first_byte_waits_for_a_slot_elsewhere() -> None:
+    ac = controller({"a": 1, "b": 1}, budget=1.0)
+    failing = req(0.0, rid="failing")
+    assert ac.offer(failing, 0.0)[0].replica == "a"
+    assert ac.offer(req(0.0), 0.0)[0].replica == "b"  # b is at its cap
+    ac.offer(req(0.05, rid="earlier"), 0.05)  # waiting before the failure
+    out = ac.requeue(failing, "a", 0.1)
+    # b is full and a is where it failed: queued, its deadline the original one, ahead of
+    # the request that was already waiting; a's slot is free for others
+    assert out[0].queued and out[0].deadline == pytest.approx(1.0)
+    assert only(out[1:], "admitted") == ["earlier"] and out[1].replica == "a"
+    assert [q.request_id for q in ac.queued_requests()] == ["failing"]
+    assert ac.avoids("failing") == "a" and ac.num_requeued == 1
+    assert ac.drain_rate(None, 0.1) == 0.0  # a failure is not a completion
+    # a frees again: it does not go back there
+    assert ac.release("a", 0.3) == [] and ac.queue_depth() == 1
+    # a slot frees at b before the deadline: admitted there
+    back = ac.release("b", 0.5)
+    assert [(d.request.request_id, d.outcome, d.replica) for d in back] == [
+        ("failing", "admitted", "b")]
+
+
+def test_a_requeued_request_not_admitted_by_its_deadline_is_shed_with_retry_after() -> None:
+    ac = controller({"a": 1, "b": 1}, budget=1.0)
+    failing = req(0.0, rid="failing")
+    ac.offer(failing, 0.0)
+    ac.offer(req(0.0), 0.0)
+    assert ac.requeue(failing, "a", 0.1)[0].queued
+    assert ac.next_deadline() == pytest.approx(1.0)
+    shed = ac.expire(1.01)
+    assert only(shed, "shed") == ["failing"]
+    assert shed[0].reason == "deadline"
+    assert shed[0].retry_after_s == 1 and shed[0].retry_after_ms == 1000
+    # past its deadline it is shed at once, even with room elsewhere
+    late = req(2.0, rid="late")
+    ac.offer(late, 2.0)
+    ac.release("b", 2.5)
+    assert [d.reason for d in ac.requeue(late, "a", 3.5)] == ["deadline"]
+
+
+def test_a_request_that_can_go_elsewhere_now_is_admitted_there_least_loaded_first() -> None:
+    ac = controller({"a": 1, "b": 4, "c": 2})
+    failing = req(rid="failing")
+    assert ac.offer(failing, 0.0)[0].replica == "a"
+    ac.offer(req(), 0.0)  # b
+    out = ac.requeue(failing, "a", 0.1)
+    assert (out[0].outcome, out[0].replica) == ("admitted", "c")  # 0/2 before 1/4
+    assert ac.in_flight("a") == 0 and ac.num_admitted == 3
+
+
+def test_with_no_other_replica_a_requeued_request_is_shed_no_replica() -> None:
+    ac = controller({"a": 2})
+    failing = req(rid="failing")
+    ac.offer(failing, 0.0)
+    d = ac.requeue(failing, "a", 0.1)[0]
+    assert d.shed and d.reason == "no_replica" and d.retry_after_s is not None
+    # queued for b, which then leaves: nowhere left to go
+    ac2 = controller({"a": 1, "b": 1})
+    ac2.offer(failing, 0.0)
+    ac2.offer(req(), 0.0)
+    assert ac2.requeue(failing, "a", 0.1)[0].queued
+    out = ac2.remove_replica("b", 0.2)
+    assert [(d.request.request_id, d.reason) for d in out] == [("failing", "no_replica")]
+
+
+def test_a_requeued_request_displaces_the_last_in_a_full_queue() -> None:
+    ac = controller({"a": 1, "b": 1}, depth=1)
+    first, second = req(rid="first"), req(rid="second")
+    ac.offer(first, 0.0)
+    ac.offer(second, 0.0)
+    ac.offer(req(rid="new"), 0.0)  # waits: the queue is full
+    ac.set_cap("a", 0, 0.0)  # a's freed slot will take no one
+    out = ac.requeue(first, "a", 0.1)
+    assert out[0].queued and out[1].shed and out[1].reason == "displaced"
+    assert out[1].request.request_id == "new"
+    # a second requeued request ranks behind the first: the full queue sheds it (b's freed
+    # slot would take the first one: closed too)
+    ac.set_cap("b", 0, 0.2)
+    out = ac.requeue(second, "b", 0.2)
+    assert out[0].shed and out[0].reason == "queue_full" and out[0].retry_after_s == 1
+
+
+def test_the_freed_slot_goes_to_the_queue_before_the_request_is_placed_again() -> None:
+    ac = controller({"a": 1, "b": 1}, depth=1)
+    failing = req(rid="failing")
+    ac.offer(failing, 0.0)
+    ac.offer(req(), 0.0)
+    ac.offer(req(rid="new"), 0.0)  # the queue is full
+    out = ac.requeue(failing, "a", 0.1)
+    # "new" takes a's slot, which makes room in the queue: nobody is displaced
+    assert [(d.request.request_id, d.outcome) for d in out] == [
+        ("failing", "queued"), ("new", "admitted")]
+    assert out[1].replica == "a"
+    # a queue of depth 0: nothing can wait, shed at once
+    ac0 = controller({"a": 1, "b": 1}, depth=0)
+    ac0.offer(failing, 0.0)
+    ac0.offer(req(), 0.0)
+    assert ac0.requeue(failing, "a", 0.1)[0].reason == "queue_full"
+
+
+def test_an_empty_fleet_sheds_at_once_no_replica() -> None:
+    ac = controller({})
+    d = ac.offer(req(rid="none"), 0.0)[0]
+    assert d.shed and d.reason == "no_replica" and d.retry_after_s == 1
+    ac.add_replica("a", 1, 1.0)
+    ac.offer(req(), 1.0)
+    ac.offer(req(rid="waits"), 1.0)
+    out = ac.remove_replica("a", 1.5)  # the last replica leaves (ejected, say)
+    assert [(d.request.request_id, d.reason) for d in out] == [("waits", "no_replica")]
+    assert ac.num_shed["no_replica"] == 2

@@ -4,7 +4,8 @@ Changes made here last until the next reload of the config file, which restates 
 the command line's flags). None of them drops a running stream: lowering a cap stops new
 admissions until the replica is under it; removing a replica lets its streams finish.
 
-    GET    /admin/replicas              name, url, cap, in flight, serving, ejected
+    GET    /admin/replicas              name, url, cap, in flight, serving, ejected, pending
+    (a replica added here is pending: it takes requests after its first successful probe)
     POST   /admin/replicas              {"url": ..., "name": ..., "cap": ...}
     DELETE /admin/replicas/{name}
     GET    /admin/limits                caps, queue depth, per-key limits
@@ -42,7 +43,8 @@ def add_admin_routes(gw: Gateway, r: web.UrlDispatcher) -> None:
         f = gw.fleet
         return [{"name": n, "url": rep.config.url, "cap": rep.cap,
                  "in_flight": f.ac.in_flight(n), "serving": rep.serving,
-                 "ejected": rep.health.ejected} for n, rep in f.replicas.items()]
+                 "ejected": rep.health.ejected, "pending": rep.health.pending}
+                for n, rep in f.replicas.items()]
 
     async def list_replicas(request: web.Request) -> web.Response:
         return web.json_response({"replicas": replicas_doc()})

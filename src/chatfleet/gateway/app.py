@@ -4,7 +4,8 @@ Front: POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1
 /health (the process is up), /ready (at least one replica takes requests), /metrics
 (Prometheus), /openapi.json (its OpenAPI description, gateway/openapi.py). Admin (admin key):
 /admin/replicas, /admin/limits, /admin/reload (gateway/admin.py).
-Background: health probes, the idle/total timeout sweep, and the config file watch.
+Background: health probes (one round before the gateway listens: a replica takes requests
+only once it has passed one), the idle/total timeout sweep, and the config file watch.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ class Gateway:
         await self.shared.start()
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.cfg.timeouts.probe_s))
+        await self._probe_all()  # bounded by probe_s: the replicas that are up serve at once
         self._tasks = [asyncio.create_task(self._probe_loop()),
                        asyncio.create_task(self._sweep_loop())]
         if self.config_path is not None:
@@ -311,11 +313,13 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        serving = [n for n, r in self.fleet.replicas.items() if r.serving]
+        reps = self.fleet.replicas.items()
+        serving = [n for n, r in reps if r.serving]
         status = 200 if serving else 503
         return web.json_response({"ready": bool(serving), "serving": serving,
-                                  "ejected": [n for n, r in self.fleet.replicas.items()
-                                              if not r.serving]}, status=status)
+                                  "ejected": [n for n, r in reps if r.health.ejected],
+                                  "pending": [n for n, r in reps if r.health.pending]},
+                                 status=status)
 
     async def metrics_route(self, request: web.Request) -> web.Response:
         return web.Response(body=exposition(self.registry),
@@ -379,11 +383,14 @@ class Gateway:
         self.fleet.report(name, ok, probe=True)
         return ok
 
+    async def _probe_all(self) -> None:
+        names = list(self.fleet.replicas)
+        await asyncio.gather(*(self.probe(n) for n in names), return_exceptions=True)
+
     async def _probe_loop(self) -> None:
         while True:
-            names = list(self.fleet.replicas)
-            await asyncio.gather(*(self.probe(n) for n in names), return_exceptions=True)
             await asyncio.sleep(self.cfg.health.probe_interval_s)
+            await self._probe_all()
 
     def watch(self, ex: Exchange, arrival: float) -> int:
         """Watch a stream for the idle timeout and the request's total one."""

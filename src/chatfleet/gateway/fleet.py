@@ -2,7 +2,9 @@
 
 The core decides; this shell keeps the futures of queued requests, arms one timer for the
 earliest queue deadline, keeps the health of each replica and its connection pool, and applies
-configuration changes (caps, replicas) without touching running streams.
+configuration changes (caps, replicas) without touching running streams. A replica joins the
+core's fleet only once it has passed a probe (at start-up, or after it was added at run time):
+until then it takes no request.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class LiveReplica:
 
     @property
     def serving(self) -> bool:
-        return not self.removed and not self.health.ejected
+        """In the core's fleet: not removed, has passed a probe, not ejected."""
+        return not self.removed and self.health.serving
 
 
 @dataclass(slots=True)
@@ -126,12 +129,11 @@ class LiveFleet:
         for name, rc in wanted.items():
             cap = cfg.replica_cap(rc)
             known = self.replicas.get(name)
-            if known is None:
-                new = LiveReplica(rc, cap, Pool(rc.host, rc.port),
-                                  ReplicaHealth(cfg.health.eject_after_failures,
-                                                cfg.health.readmit_after_successes))
-                self.replicas[name] = new
-                decisions += self.core.add_replica(name, self.effective_cap(new), now)
+            if known is None:  # pending: it joins the core at its first probe success
+                self.replicas[name] = LiveReplica(
+                    rc, cap, Pool(rc.host, rc.port),
+                    ReplicaHealth(cfg.health.eject_after_failures,
+                                  cfg.health.readmit_after_successes, pending=True))
                 continue
             rep = known
             rep.config = rc
@@ -159,7 +161,7 @@ class LiveFleet:
         """An outcome at `name`: a probe's, or a request's (a request that was already
         running when its replica was ejected does not count toward bringing it back)."""
         rep = self.replicas.get(name)
-        if rep is None or (rep.health.ejected and not probe):
+        if rep is None or (not rep.health.serving and not probe):
             return
         if not ok:
             self.metrics.upstream_failures[name] += 1
@@ -171,13 +173,28 @@ class LiveFleet:
             self.metrics.ejections[rep.name] += 1
             self.dispatch(self.core.remove_replica(rep.name, now))
             rep.pool.close()
-        elif t == "readmitted" and not rep.removed:
+        elif t in ("ready", "readmitted") and not rep.removed:
             self.dispatch(self.core.add_replica(rep.name, self.effective_cap(rep), now))
 
     # --- admission ----------------------------------------------------------------------------
     def offer(self, req: FleetRequest) -> Decision | asyncio.Future[Decision]:
         """The request's decision now, or a future that resolves when it is admitted or shed."""
-        decisions = self.core.offer(req, self.now())
+        return self._first(req, self.core.offer(req, self.now()))
+
+    async def acquire(self, req: FleetRequest) -> Decision:
+        """Admitted or shed; a cancelled wait leaves the queue (or releases the slot that was
+        granted in the same instant)."""
+        return await self._wait(req, self.offer(req))
+
+    async def requeue(self, req: FleetRequest, failed: str) -> Decision:
+        """`req` failed at `failed` before its first byte (its slot there is freed by the
+        core): admitted elsewhere, or shed, at once or after waiting in the queue again."""
+        return await self._wait(req, self._first(req, self.core.requeue(req, failed,
+                                                                          self.now())))
+
+    def _first(self, req: FleetRequest,
+               decisions: list[Decision]) -> Decision | asyncio.Future[Decision]:
+        """Hand out `decisions`; the first is about `req`: itself, or a future when queued."""
         first = decisions[0]
         if first.queued:
             fut: asyncio.Future[Decision] = self.loop.create_future()
@@ -187,10 +204,8 @@ class LiveFleet:
         self.dispatch(decisions)
         return first
 
-    async def acquire(self, req: FleetRequest) -> Decision:
-        """Admitted or shed; a cancelled wait leaves the queue (or releases the slot that was
-        granted in the same instant)."""
-        got = self.offer(req)
+    async def _wait(self, req: FleetRequest,
+                    got: Decision | asyncio.Future[Decision]) -> Decision:
         if isinstance(got, Decision):
             return got
         try:
@@ -203,14 +218,6 @@ class LiveFleet:
                 if d.admitted and d.replica is not None:
                     self.release(d.replica)
             raise
-
-    def admit_elsewhere(self, req: FleetRequest, avoid: str) -> Decision | None:
-        """The retry after a failure before the first byte: a slot on another serving replica
-        with room (least loaded first), or None."""
-        d = self.core.admit_elsewhere(req, avoid, self.now())
-        if d is not None:
-            self.dispatch([d])
-        return d
 
     def release(self, replica: str) -> None:
         self.dispatch(self.core.release(replica, self.now()))

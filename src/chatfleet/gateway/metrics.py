@@ -57,6 +57,7 @@ class GatewayMetrics:
     upstream_failures: Counter[str] = field(default_factory=Counter)  # by replica
     ejections: Counter[str] = field(default_factory=Counter)  # by replica
     retries: int = 0
+    requeues: int = 0  # failed before the first byte, back to admission
     client_disconnects: int = 0
     prefix_mismatches: int = 0
     reloads: int = 0
@@ -97,7 +98,7 @@ class _Collector:
         for name, label, values, doc in (
             ("requests", "outcome", m.requests, "Requests by outcome (ok, shed, error, "
              "cancelled, timeout, rejected)."),
-            ("shed", "reason", m.shed, "Requests answered 429, by reason."),
+            ("shed", "reason", m.shed, "Requests shed, by reason: 429 (503 for no_replica)."),
             ("routes", "rule", g.routes, "Admissions by routing rule: hit (the session's "
              "home), spill (elsewhere), least_loaded (no session)."),
             ("upstream_failures", "replica", m.upstream_failures,
@@ -110,6 +111,8 @@ class _Collector:
             yield c
         for name, value, doc in (
             ("retries", m.retries, "Requests retried on another replica before a byte."),
+            ("requeued", m.requeues, "Requests that failed at a replica before the first byte "
+             "and went back to admission (retried elsewhere when a slot frees in time)."),
             ("client_disconnects", m.client_disconnects, "Clients that left mid-request."),
             ("prefix_mismatches", m.prefix_mismatches, "Requests whose prompt prefix differs "
              "from the canonical shared prompt (pass-through mode)."),
@@ -139,7 +142,7 @@ class _Collector:
             ("other_gateways_in_flight", g.others, "Requests other gateways have in flight "
              "per replica (shared state)."),
             ("replica_healthy", {k: int(v) for k, v in g.healthy.items()},
-             "1 when the replica takes requests, 0 when ejected."),
+             "1 when the replica takes requests, 0 when ejected or not yet probed."),
         ):
             fam = GaugeMetricFamily(PREFIX + name, doc, labels=["replica"])
             for k, v in sorted(values.items()):

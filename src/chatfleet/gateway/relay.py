@@ -4,9 +4,12 @@ The order of things (docs/gateway.md):
 1. The body is read (bounded in size and time) and checked; the shared prompt is applied.
 2. The request is offered to admission (`core/fleet`): admitted to a replica, queued until a
    slot or its deadline, or shed with 429 + Retry-After.
-3. The request goes upstream on a pooled connection. A failure before the response head is
-   retried once on another replica (a stale keep-alive connection is first retried on the same
-   replica, fresh). A non-200 head is replaced with the gateway's own error.
+3. The request goes upstream on a pooled connection. A failure before the response head (a
+   stale keep-alive connection is first retried on the same replica, fresh) sends the request
+   back to admission (`core/fleet` requeue), its deadline unchanged: it goes on to another
+   replica when one has room in time, or is shed with 429 + Retry-After; the failure's own
+   error (502) only when no other replica is in the fleet, or on a second failure. A non-200
+   head is replaced with the gateway's own error.
 4. The body is relayed byte for byte. If the replica dies mid-stream the client gets an SSE
    error event and the connection closes; if the client leaves, the upstream connection is
    dropped at once, which aborts the request at the engine.
@@ -70,7 +73,7 @@ class Relay:
                 gw.metrics.client_left()
                 raise
             if d.shed:
-                gw.metrics.requests["shed"] += 1
+                gw.metrics.requests["error" if d.reason == "no_replica" else "shed"] += 1
                 return errors.shed(d, call.request_id)
             assert d.replica is not None
             call.replica, call.slot_held = d.replica, True
@@ -95,10 +98,13 @@ class Relay:
     def _release(self, call: Call) -> None:
         if call.slot_held and call.replica is not None:
             call.slot_held = False
-            if call.lease is not None:
-                self.gw.shared.release(call.replica, call.lease)
-                call.lease = None
+            self._drop_lease(call)
             self.gw.fleet.release(call.replica)
+
+    def _drop_lease(self, call: Call) -> None:
+        if call.lease is not None and call.replica is not None:
+            self.gw.shared.release(call.replica, call.lease)
+            call.lease = None
 
     async def _exchange(self, request: web.Request, call: Call) -> web.StreamResponse:
         gw = self.gw
@@ -123,10 +129,10 @@ class Relay:
                     fresh = True  # a keep-alive connection the replica had closed
                     continue
                 gw.fleet.report(call.replica, ok=False)
-                if retried or not await self._retry_elsewhere(call):
-                    gw.metrics.requests["error"] += 1
-                    return errors.error(502, "no replica could take the request",
-                                        code="upstream_unavailable")
+                failed = await self._fail_over(call, retried, errors.error(
+                    502, "no replica could take the request", code="upstream_unavailable"))
+                if failed is not None:
+                    return failed
                 retried, fresh = True, False
                 continue
             except TimeoutError:
@@ -142,11 +148,11 @@ class Relay:
             if status >= 500 or status == 429:
                 ex.abort_upstream()
                 gw.fleet.report(call.replica, ok=status == 429)
-                if not retried and await self._retry_elsewhere(call):
-                    retried, fresh = True, False
-                    continue
-                gw.metrics.requests["error"] += 1
-                return errors.upstream_status(status)
+                failed = await self._fail_over(call, retried, errors.upstream_status(status))
+                if failed is not None:
+                    return failed
+                retried, fresh = True, False
+                continue
             if status != 200:
                 ex.abort_upstream()
                 gw.fleet.report(call.replica, ok=True)  # the request's fault, not the replica's
@@ -154,19 +160,41 @@ class Relay:
                 return errors.upstream_status(status)
             return await self._relay(request, call, ex, length)
 
-    async def _retry_elsewhere(self, call: Call) -> bool:
+    async def _fail_over(self, call: Call, retried: bool,
+                         failure: web.Response) -> web.StreamResponse | None:
+        """The request failed at its replica before the first byte. The first time, it goes
+        back to admission (the core's `requeue`: its slot there frees, its deadline stays)
+        and None is returned once another replica's slot is held; a shed answers 429 +
+        Retry-After. `failure`, the failure's own error, is the answer on a second failure,
+        or when no other replica is in the fleet."""
+        gw = self.gw
+        if retried:
+            gw.metrics.requests["error"] += 1
+            return failure
         assert call.replica is not None
         failed = call.replica
-        self._release(call)
-        d = self.gw.fleet.admit_elsewhere(call.fleet_request, failed)
-        if d is None or d.replica is None:
-            return False
-        call.replica, call.slot_held = d.replica, True
-        if not await self._lease(call):
-            self._release(call)
-            return False
-        self.gw.metrics.retries += 1
-        return True
+        self._drop_lease(call)
+        call.slot_held = False  # the core frees it in requeue
+        gw.metrics.requeues += 1
+        try:
+            d = await gw.fleet.requeue(call.fleet_request, failed)
+            while d.admitted:
+                assert d.replica is not None
+                call.replica, call.slot_held = d.replica, True
+                if await self._lease(call):
+                    gw.metrics.retries += 1
+                    gw.remember_session(call.fleet_request.session_key, d.replica)
+                    return None
+                self._release(call)  # another gateway took that slot first: wait again
+                d = await gw.fleet.acquire(call.fleet_request)
+        except asyncio.CancelledError:  # the client left while queued again
+            gw.metrics.client_left()
+            raise
+        if d.reason == "no_replica":
+            gw.metrics.requests["error"] += 1
+            return failure
+        gw.metrics.requests["shed"] += 1
+        return errors.shed(d, call.request_id)
 
     def _timer(self, call: Call) -> Any:
         m = self.gw.metrics

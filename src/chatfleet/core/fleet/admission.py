@@ -11,6 +11,17 @@ Rules (docs/fleet-core.md states them with examples):
 - The queue holds at most `queue_depth` requests. Above it the arriving request is shed at once;
   a returning session (with priority on) instead displaces the newest new-session request, which
   is shed in its place.
+- While the fleet has no replica that takes requests (none added yet, all removed or ejected),
+  no slot can ever free for a request: it is shed at once (reason `no_replica`, the gateway's
+  503), and so is every queued request when the last replica leaves.
+- A request that fails at its replica before the first byte (`requeue`) frees its slot (not
+  counted as drained: nothing finished) and is placed again, never at the replica it failed on:
+  shed if no other replica is in the fleet (`no_replica`) or its original deadline has passed;
+  else admitted at once to the least loaded other replica with room; else queued again with
+  its original deadline, ahead of every request of its class that was not requeued (it was let
+  in once and lost its turn to the fleet's fault, not its own); a full queue sheds its last
+  request in its place if that one ranks below it (`displaced`), else sheds it (`queue_full`).
+  Queued again, it takes the first slot that frees on any replica but the one it failed on.
 - Every shed carries Retry-After = (requests ahead of it + 1) / fleet drain rate, bounded to
   [retry_min_s, retry_max_s], as whole seconds (rounded up) and as milliseconds; retry_min_s
   while nothing has drained in the window.
@@ -34,7 +45,7 @@ from typing import Literal, Protocol
 from chatfleet.core.errors import ChatfleetError
 
 Outcome = Literal["admitted", "queued", "shed"]
-ShedReason = Literal["queue_full", "deadline", "displaced"]
+ShedReason = Literal["queue_full", "deadline", "displaced", "no_replica"]
 
 RETRY_MIN_S = 1.0
 # openai-python honours retry-after-ms / retry-after only up to 60 s (beyond, it falls back to
@@ -163,10 +174,11 @@ class _Waiting:
     seq: int
     deadline: float
     target: str | None
+    avoid: str | None = None  # requeued: the replica it failed on, which it never goes back to
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.klass, self.seq)
+    def key(self) -> tuple[int, int, int]:
+        return (self.klass, 0 if self.avoid is not None else 1, self.seq)
 
 
 class AdmissionController:
@@ -212,7 +224,9 @@ class AdmissionController:
         self.num_admitted = 0
         self.num_released = 0
         self.num_cancelled = 0
-        self.num_shed: dict[ShedReason, int] = {"queue_full": 0, "deadline": 0, "displaced": 0}
+        self.num_requeued = 0
+        self.num_shed: dict[ShedReason, int] = {"queue_full": 0, "deadline": 0, "displaced": 0,
+                                                "no_replica": 0}
 
     # --- reads (the FleetView) ---------------------------------------------------------------
     def replicas(self) -> list[str]:
@@ -251,6 +265,11 @@ class AdmissionController:
         """Waiting requests in the order they will be considered."""
         return [w.request for w in self._queue]
 
+    def avoids(self, request_id: str) -> str | None:
+        """The replica a queued, requeued request failed on and will not go back to."""
+        waiting = self._waiting.get(request_id)
+        return None if waiting is None else waiting.avoid
+
     def deadline(self, request: FleetRequest) -> float:
         return request.arrival + self.ttft_budget_s - self.prefill_reserve_s
 
@@ -269,6 +288,8 @@ class AdmissionController:
         klass = self._klass(request)
         deadline = self.deadline(request)
         ahead = sum(1 for w in self._queue if w.klass <= klass)
+        if not self._caps:
+            return [self._shed(request, "no_replica", ahead, now), *earlier]
         if now > deadline:
             return [self._shed(request, "deadline", ahead, now), *earlier]
         target = self._route(request, self, now)
@@ -304,6 +325,23 @@ class AdmissionController:
         self._fleet_drain.observe(now)
         self._forget_if_gone(replica)
         return self._dispatch(now)
+
+    def requeue(self, request: FleetRequest, failed: str, now: float) -> list[Decision]:
+        """`request`, admitted to `failed`, failed there before its first byte: free its slot
+        (not counted as drained) and place it again, never at `failed` (the module docstring
+        states the rule). The first decision is about `request` (and a request it displaced);
+        any others are what the queue did first (expired requests shed, a waiting one admitted
+        to the freed slot)."""
+        count = self._in_flight.get(failed, 0)
+        if count == 0:
+            raise ValueError(f"replica {failed!r} has nothing in flight to requeue")
+        if request.request_id in self._waiting:
+            raise ValueError(f"request {request.request_id!r} is already queued")
+        self._in_flight[failed] = count - 1
+        self._forget_if_gone(failed)
+        self.num_requeued += 1
+        earlier = self._dispatch(now)  # the freed slot first: it is not for `request`
+        return [*self._place_again(request, failed, now), *earlier]
 
     def expire(self, now: float) -> list[Decision]:
         """Shed every queued request past its deadline (and admit any that can go)."""
@@ -347,15 +385,43 @@ class AdmissionController:
     def _klass(self, request: FleetRequest) -> int:
         return RETURNING if self.prioritize_returning and request.returning else NEW
 
-    def _key_of(self, request: FleetRequest) -> tuple[int, float]:
+    def _key_of(self, request: FleetRequest) -> tuple[int, int, float]:
         waiting = self._waiting.get(request.request_id)
         if waiting is not None:
             return waiting.key
-        return (self._klass(request), math.inf)
+        return (self._klass(request), 1, math.inf)
+
+    def _roomiest(self, avoid: str) -> str | None:
+        """The replica other than `avoid` with room, lowest in-flight / cap first (then
+        name): where a requeued request goes."""
+        room = [r for r in self._caps if r != avoid and self.can_admit(r)]
+        return min(room, key=lambda r: (self.in_flight(r) / max(1, self._caps[r]), r),
+                   default=None)
+
+    def _place_again(self, request: FleetRequest, failed: str, now: float) -> list[Decision]:
+        klass = self._klass(request)
+        key = (klass, 0, math.inf)  # behind the requeued of its class, ahead of the rest
+        ahead = sum(1 for w in self._queue if w.key < key)
+        if not any(r != failed for r in self._caps):
+            return [self._shed(request, "no_replica", ahead, now)]
+        deadline = self.deadline(request)
+        if now > deadline:  # as in `offer`: never admitted past its deadline
+            return [self._shed(request, "deadline", ahead, now)]
+        target = self._roomiest(failed)
+        if target is not None:
+            return [self.admit(request, target, now)]
+        if len(self._queue) < self.max_queue_depth:
+            return [self._enqueue(request, klass, deadline, None, now, avoid=failed)]
+        if not self._queue or self._queue[-1].key < key:
+            return [self._shed(request, "queue_full", ahead, now)]
+        displaced = self._queue.pop()  # the last in line ranks below it
+        del self._waiting[displaced.request.request_id]
+        decision = self._enqueue(request, klass, deadline, None, now, avoid=failed)
+        return [decision, self._shed(displaced.request, "displaced", len(self._queue), now)]
 
     def _enqueue(self, request: FleetRequest, klass: int, deadline: float, target: str | None,
-                 now: float) -> Decision:
-        waiting = _Waiting(request, klass, self._seq, deadline, target)
+                 now: float, avoid: str | None = None) -> Decision:
+        waiting = _Waiting(request, klass, self._seq, deadline, target, avoid)
         self._seq += 1
         bisect.insort(self._queue, waiting, key=lambda w: w.key)
         self._waiting[request.request_id] = waiting
@@ -369,25 +435,35 @@ class AdmissionController:
         return Decision(request, "shed", now, reason=reason, retry_after_s=seconds,
                         retry_after_ms=ms)
 
-    def _shed_expired(self, now: float) -> list[Decision]:
+    def _shed_hopeless(self, now: float) -> list[Decision]:
+        """Shed every queued request past its deadline, or left with no replica it may go to
+        (the fleet is empty, or holds only the replica a requeued request failed on)."""
         out: list[Decision] = []
         kept: list[_Waiting] = []
         for waiting in self._queue:
             if now > waiting.deadline:
-                del self._waiting[waiting.request.request_id]
-                out.append(self._shed(waiting.request, "deadline", len(kept), now))
+                reason: ShedReason = "deadline"
+            elif not any(r != waiting.avoid for r in self._caps):
+                reason = "no_replica"
             else:
                 kept.append(waiting)
+                continue
+            del self._waiting[waiting.request.request_id]
+            out.append(self._shed(waiting.request, reason, len(kept), now))
         self._queue = kept
         return out
 
     def _dispatch(self, now: float) -> list[Decision]:
-        """Shed the expired, then admit waiting requests in queue order while their route
-        names a replica with room. Each admission changes the fleet, so the scan restarts."""
-        out = self._shed_expired(now)
+        """Shed the hopeless, then admit waiting requests in queue order while their route
+        names a replica with room (a requeued request: any other replica with room). Each
+        admission changes the fleet, so the scan restarts."""
+        out = self._shed_hopeless(now)
         while self._queue and any(self.can_admit(r) for r in self._caps):
             for waiting in self._queue:
-                waiting.target = self._route(waiting.request, self, now)
+                if waiting.avoid is None:
+                    waiting.target = self._route(waiting.request, self, now)
+                else:
+                    waiting.target = self._roomiest(waiting.avoid)
                 if waiting.target is not None and self.can_admit(waiting.target):
                     self._queue.remove(waiting)
                     del self._waiting[waiting.request.request_id]

@@ -109,17 +109,13 @@ class Fleet:
         self._record(now, "cancel", request_id)
         return self.ac.cancel(request_id)
 
-    def admit_elsewhere(self, request: FleetRequest, avoid: str,
-                        now: float) -> Decision | None:
-        """The retry after a failure before the first byte: a slot on another replica with
-        room (lowest in-flight / cap, then name), or None."""
-        self._record(now, "admit_elsewhere", request, avoid)
-        ac = self.ac
-        best = sorted((r for r in ac.replicas() if r != avoid and ac.can_admit(r)),
-                      key=lambda r: (ac.in_flight(r) / max(1, ac.cap(r)), r))
-        if not best:
-            return None
-        return self._note([ac.admit(request, best[0], now)], now)[0]
+    def requeue(self, request: FleetRequest, failed: str, now: float) -> list[Decision]:
+        """`request` failed at `failed` before its first byte (refused, reset, a 5xx or 429
+        head): its slot frees and it is placed again, never at `failed`: admitted to the
+        least loaded other replica with room, else queued with its original deadline, else
+        shed (admission.py states the rule). The first decision is about `request`."""
+        self._record(now, "requeue", request, failed)
+        return self._note(self.ac.requeue(request, failed, now), now)
 
     def adopt_session(self, key: str, replica: str, now: float) -> None:
         """Another gateway placed this session on `replica` (the shared session map): make
