@@ -15,9 +15,9 @@ from typing import Any
 
 from chatfleet import __version__
 from chatfleet.core.calibration import thermal_profile
-from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.engine.build import ENGINE_MODEL_VERSIONS, EngineSpec, build_engine
+from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import (
@@ -37,14 +37,14 @@ Load = dict[str, Any]
 class PointRun:
     point: dict[str, Any]
     records: list[RequestRecord]
-    scheduler: Scheduler
+    scheduler: EngineModel
     num_events: int
 
 
-Route = Callable[[RequestSpec, list[Scheduler]], int]
+Route = Callable[[RequestSpec, list[EngineModel]], int]
 
 
-def route_by_user(spec: RequestSpec, replicas: list[Scheduler]) -> int:
+def route_by_user(spec: RequestSpec, replicas: list[EngineModel]) -> int:
     """The default seam until the gateway's routing lands: a user's requests stay on one
     replica (user index modulo replica count)."""
     return spec.user % len(replicas)
@@ -52,7 +52,7 @@ def route_by_user(spec: RequestSpec, replicas: list[Scheduler]) -> int:
 
 @dataclass(slots=True)
 class _Run:
-    scheds: list[Scheduler]
+    scheds: list[EngineModel]
     loop: EventLoop
     driver: ClosedLoop | OpenLoop
     window_end: float
@@ -106,7 +106,7 @@ class _Run:
                            spec.scheduled_time, outcome)
 
 
-def kick(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int, now: float,
+def kick(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int, now: float,
          horizon: float, step_end: Callable[[tuple[int, int], float], Iterable[Event]],
          ) -> list[Event]:
     """Start replica i's next step if it is idle with work; its end event carries a fresh
@@ -121,7 +121,7 @@ def kick(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int, 
     return [loop.at(step.end, step_end, (i, step_gen[i]))]
 
 
-def add_request(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int,
+def add_request(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int,
                 req: EngineRequest, now: float, horizon: float,
                 step_end: Callable[[tuple[int, int], float], Iterable[Event]]) -> list[Event]:
     """Hand `req` to replica i's scheduler: a decode run in progress must stop after the step
@@ -137,7 +137,7 @@ def add_request(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i
     return kick(loop, scheds, step_gen, i, now, horizon, step_end)
 
 
-def make_record(sched: Scheduler, replica: str, spec: RequestSpec, req: EngineRequest,
+def make_record(sched: EngineModel, replica: str, spec: RequestSpec, req: EngineRequest,
                 request_id: str, arrived: float, outcome: str) -> RequestRecord:
     """The record of a request the engine model served (token times from its step log)."""
     times = sched.token_times(req)
@@ -180,13 +180,13 @@ def run_point(
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
     slo = slo or SLO()
-    scheds = [build_scheduler(spec) for _ in range(replicas)]
+    scheds = [build_engine(spec) for _ in range(replicas)]
     sched = scheds[0]
     need = wcfg.max_context_tokens()
-    if need > sched.pool.capacity_tokens:
+    if need > sched.capacity_tokens:
         raise ValueError(
             f"a session can reach {need} tokens (system prompt + turns), more than the "
-            f"{sched.pool.capacity_tokens}-token KV pool holds"
+            f"{sched.capacity_tokens}-token KV pool holds"
         )
     rng = random.Random(seed)
     workload = Workload(wcfg, rng)
@@ -219,16 +219,17 @@ def run_point(
     return PointRun(point, run.records, sched, loop.num_events)
 
 
-def engine_block(scheds: list[Scheduler], start: float, end: float) -> dict[str, Any]:
+def engine_block(scheds: list[EngineModel], start: float, end: float) -> dict[str, Any]:
     """What SGLang's decode log shows, read at decode steps after the warm-up (the largest
-    over the replicas; sums for the counters)."""
+    over the replicas; sums for the counters). vLLM's steps all carry the running decodes, so
+    every step but a prefill-only one counts there."""
     max_running = 0
     max_queue = 0
     peak_usage = 0.0
     for sched in scheds:
         for row in sched.log:
             t = float(row[0])  # type: ignore[arg-type]
-            if t < start or t > end or row[1] != "decode":
+            if t < start or t > end or row[1] == "prefill":
                 continue
             max_running = max(max_running, int(row[2]))  # type: ignore[call-overload]
             max_queue = max(max_queue, int(row[6]))  # type: ignore[call-overload]
@@ -239,15 +240,15 @@ def engine_block(scheds: list[Scheduler], start: float, end: float) -> dict[str,
         "max_running": max_running,
         "max_queue": max_queue,
         "peak_token_usage": round(peak_usage, 4),
-        "max_total_num_tokens": scheds[0].pool.capacity_tokens,
+        "max_total_num_tokens": scheds[0].capacity_tokens,
         "replicas": len(scheds),
         "num_retractions": sum(s.num_retractions for s in scheds),
         "cache_hit_rate": round(cached / max(1, prompt), 4),
-        "evicted_tokens": sum(s.tree.num_evicted_tokens for s in scheds),
+        "evicted_tokens": sum(s.num_evicted_tokens for s in scheds),
     }
 
 
-def gpu_block(spec: EngineSpec, scheds: list[Scheduler], start: float,
+def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
               end: float) -> dict[str, Any]:
     if scheds[0].thermal is None:
         mhz = thermal_profile(spec.gpu).loaded_mhz
@@ -274,7 +275,8 @@ def is_calibrated(spec: EngineSpec) -> bool:
 
 
 def target_block(spec: EngineSpec) -> dict[str, Any]:
-    block = {"engine": "twin", "engine_models": "sglang-0.5",
+    block = {"engine": "twin", "engine_models": ENGINE_MODEL_VERSIONS[spec.engine_model],
+             "engine_model": spec.engine_model,
              "chatfleet_version": __version__,
              "calibration": "calibrated" if is_calibrated(spec) else "uncalibrated",
              **spec.to_json()}
