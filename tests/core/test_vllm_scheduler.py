@@ -8,6 +8,7 @@ DECODE = 0.01 s (no per-sequence cost unless a test sets one).
 
 from __future__ import annotations
 
+import itertools
 import random
 import zlib
 from collections.abc import Callable
@@ -137,7 +138,7 @@ def test_the_budget_goes_to_decodes_first_and_the_rest_to_a_prefill_chunk() -> N
     # a's tokens: the prefill's, then one at the end of every following step (0.05 s when a
     # chunk rides along, 0.01 s when not)
     times = s.token_times(a)
-    gaps = [round(t1 - t0, 6) for t0, t1 in zip(times, times[1:], strict=False)]
+    gaps = [round(t1 - t0, 6) for t0, t1 in itertools.pairwise(times)]
     assert gaps == [0.01, 0.05, 0.05, 0.05, 0.05, 0.01, 0.01]
     assert c.first_token_time == pytest.approx(0.06 + 4 * PREFILL, abs=TOL)
 
