@@ -63,10 +63,9 @@ def check_invariants(s: VLLMScheduler) -> None:
     for seq in s.running.values():
         for b in seq.blocks:
             holders[id(b)] = holders.get(id(b), 0) + 1
-    for blocks in pool.by_key.values():
-        for b in blocks:
-            assert b.ref_cnt == holders.get(id(b), 0)
-            assert (b in pool.cached_free) == (b.ref_cnt == 0)
+    for b in pool.cached_blocks():
+        assert b.ref_cnt == holders.get(id(b), 0)
+        assert (b in pool.cached_free) == (b.ref_cnt == 0)
     # between steps, at most one chunked prefill runs, and it is the last in `running`
     modes = [seq.mode for seq in s.running.values()]
     if s.in_flight is None and "prefill" in modes:
@@ -220,9 +219,9 @@ def test_flush_is_refused_while_a_request_runs_and_empties_the_cache_after() -> 
 
 def prompt_hits(s: VLLMScheduler, prompt: list[int]) -> int:
     """How many tokens of `prompt` the cache holds now (the lookup admission makes)."""
-    from chatfleet.core.engine.block_pool import chain_keys
+    from chatfleet.core.engine.block_pool import chain_keys, token_bytes
 
-    keys = chain_keys(prompt, [], (len(prompt) - 1) // 16)
+    keys = chain_keys(token_bytes(prompt), [], (len(prompt) - 1) // 16)
     return len(s.pool.longest_hit(keys, len(keys))) * 16
 
 

@@ -24,12 +24,14 @@ unhashed blocks are prepended and a cached block loses its hash only when popped
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 BLOCK_SIZE = 16  # vLLM's default for full attention on CUDA
 ROOT_HASH = 0x5EED_0F_C4A1_F1EE7  # parent of a request's first block (vLLM: NONE_HASH)
+TOKEN_BYTES = 8  # token ids as array("q") bytes
 
 
 @dataclass(slots=True, eq=False)
@@ -41,17 +43,39 @@ class Block:
     ref_cnt: int = 0
 
 
-def chain_keys(tokens: Sequence[int], keys: list[int], upto_blocks: int,
+def token_bytes(tokens: Sequence[int]) -> bytes:
+    """Token ids as the bytes `chain_keys` reads (8 per token)."""
+    return array("q", tokens).tobytes()
+
+
+def chain_keys(buf: bytes, keys: list[int], upto_blocks: int,
                block_size: int = BLOCK_SIZE) -> list[int]:
-    """Extend `keys` (the chained hashes of the first len(keys) full blocks of `tokens`) to
-    `upto_blocks` blocks, never past the full blocks `tokens` holds. Python's hash of a tuple
-    of ints is deterministic across runs, so the chain is reproducible."""
-    upto = min(upto_blocks, len(tokens) // block_size)
+    """Extend `keys` (the chained hashes of the first len(keys) full blocks of the tokens in
+    `buf`, see token_bytes) to `upto_blocks` blocks, never past the full blocks `buf` holds.
+    A block's hash is Python's hash of (parent hash, the block's token ids as one integer):
+    deterministic across runs, so the chain is reproducible."""
+    width = block_size * TOKEN_BYTES
+    upto = min(upto_blocks, len(buf) // width)
     parent = keys[-1] if keys else ROOT_HASH
-    for i in range(len(keys), upto):
-        parent = hash((parent, tuple(tokens[i * block_size:(i + 1) * block_size])))
-        keys.append(parent)
+    from_bytes = int.from_bytes
+    append = keys.append
+    for start in range(len(keys) * width, upto * width, width):
+        parent = hash((parent, from_bytes(buf[start:start + width], "little")))
+        append(parent)
     return keys
+
+
+def common_blocks(a: bytes, b: bytes, most: int, block_size: int = BLOCK_SIZE) -> int:
+    """How many leading full blocks two token byte strings share (at most `most`)."""
+    width = block_size * TOKEN_BYTES
+    lo, hi = 0, min(most, len(a) // width, len(b) // width)
+    while lo < hi:  # binary search on equal prefixes: each test is one memcmp
+        mid = (lo + hi + 1) // 2
+        if a[:mid * width] == b[:mid * width]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class BlockPool:
@@ -65,7 +89,8 @@ class BlockPool:
         self.num_usable = num_gpu_blocks - 1
         self.num_empty_free = self.num_usable
         self.cached_free: OrderedDict[Block, None] = OrderedDict()  # head: evicted first
-        self.by_key: dict[int, list[Block]] = {}
+        self.by_key: dict[int, Block] = {}  # the block a lookup finds for a hash
+        self.dups: dict[int, list[Block]] = {}  # more blocks that carry the same hash
         self.num_evicted_blocks = 0
 
     # --- figures ---------------------------------------------------------------------------
@@ -79,7 +104,11 @@ class BlockPool:
 
     def num_cached(self) -> int:
         """Blocks that carry a hash (held or free)."""
-        return sum(len(v) for v in self.by_key.values())
+        return len(self.by_key) + sum(len(v) for v in self.dups.values())
+
+    def cached_blocks(self) -> list[Block]:
+        """Every block that carries a hash (for invariant checks)."""
+        return [*self.by_key.values(), *(b for v in self.dups.values() for b in v)]
 
     def usage(self) -> float:
         return 1.0 - self.num_free() / self.num_usable
@@ -88,14 +117,10 @@ class BlockPool:
     def longest_hit(self, keys: Sequence[int], max_blocks: int) -> list[Block]:
         """The leading blocks of `keys` found in the cache, at most `max_blocks`: a missing
         block ends the run (the chain makes every later hash differ too)."""
-        out: list[Block] = []
-        by_key = self.by_key
-        for key in keys[:max_blocks]:
-            found = by_key.get(key)
-            if not found:
-                break
-            out.append(found[0])
-        return out
+        found = list(map(self.by_key.get, keys[:max_blocks]))  # one C-level pass
+        if None in found:
+            del found[found.index(None):]
+        return found  # type: ignore[return-value]  # no None is left
 
     @staticmethod
     def num_evictable(blocks: Sequence[Block]) -> int:
@@ -126,9 +151,13 @@ class BlockPool:
         """Give hashes to blocks a request already holds (taken with `take`): they become
         cached blocks it holds with ref count 1."""
         out = []
+        by_key = self.by_key
         for key in keys:
             b = Block(key, 1)
-            self.by_key.setdefault(key, []).append(b)
+            if key in by_key:
+                self.dups.setdefault(key, []).append(b)
+            else:
+                by_key[key] = b
             out.append(b)
         return out
 
@@ -151,12 +180,21 @@ class BlockPool:
         if self.num_free() != self.num_usable:
             return False
         self.by_key.clear()
+        self.dups.clear()
         self.cached_free.clear()
         self.num_empty_free = self.num_usable
         return True
 
     def _drop_key(self, block: Block) -> None:
-        same = self.by_key[block.key]
-        same.remove(block)
-        if not same:
-            del self.by_key[block.key]
+        key = block.key
+        extra = self.dups.get(key)
+        if self.by_key[key] is block:
+            if extra:
+                self.by_key[key] = extra.pop(0)
+            else:
+                del self.by_key[key]
+        else:
+            assert extra is not None
+            extra.remove(block)
+        if extra is not None and not extra:
+            del self.dups[key]

@@ -52,13 +52,19 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from array import array
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from chatfleet.core.engine.block_pool import BLOCK_SIZE, Block, BlockPool, chain_keys
+from chatfleet.core.engine.block_pool import (
+    BLOCK_SIZE,
+    TOKEN_BYTES,
+    Block,
+    BlockPool,
+    chain_keys,
+    common_blocks,
+)
 from chatfleet.core.engine.mixed_step import MixedStepModel
 from chatfleet.core.engine.radix import as_tokens
 from chatfleet.core.engine.request import EngineRequest
@@ -67,6 +73,7 @@ from chatfleet.core.engine.step_time import attention_pairs
 from chatfleet.core.engine.thermal import ThermalState
 
 Mode = Literal["waiting", "prefill", "decode", "done"]
+KEY_MEMO_ENTRIES = 1024  # distinct first blocks whose latest hash chain is kept for reuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +114,7 @@ class _Seq:
     from `req.join_step` and `req.gen_base`; otherwise they are kept here."""
 
     req: EngineRequest
-    tokens: array[int]  # prompt + every output it will produce (hashing reads a prefix)
+    tokens: bytes  # prompt + every output it will produce, as token_bytes (hashed by prefix)
     keys: list[int] = field(default_factory=list)  # chained hashes of its full blocks so far
     blocks: list[Block] = field(default_factory=list)  # its leading cached blocks
     num_blocks: int = 0  # blocks held (cached + not); derived while decoding
@@ -144,6 +151,8 @@ class VLLMScheduler:
         self._finish_heap: list[tuple[int, int, int, _Seq]] = []
         self._seq_no = 0
         self._prefilling: list[_Seq] = []  # running requests still prefilling, in order
+        # first block's bytes -> the latest request that began so, and its hash chain
+        self._key_memo: OrderedDict[bytes, tuple[bytes, list[int]]] = OrderedDict()
         self._pending: list[tuple[_Seq, int, int, bool]] = []  # in-flight chunks
         self._pending_preempted: list[EngineRequest] = []
         self._run_blocks_needed = 0  # extra decode blocks a run's later steps take
@@ -232,7 +241,8 @@ class VLLMScheduler:
         req.prompt = as_tokens(req.prompt)
         req.output_ids = as_tokens(req.output_ids)
         req.fill = req.prompt
-        self.waiting.append(_Seq(req, as_tokens(req.prompt) + as_tokens(req.output_ids)))
+        buf = (as_tokens(req.prompt) + as_tokens(req.output_ids)).tobytes()
+        self.waiting.append(_Seq(req, buf))
 
     def abort(self, rid: str) -> EngineRequest | None:
         """Drop a request wherever it is and free its blocks at once (finish_requests)."""
@@ -307,8 +317,29 @@ class VLLMScheduler:
         have = len(seq.blocks)
         if full <= have:
             return
-        chain_keys(seq.tokens, seq.keys, full, self.cfg.block_size)
+        self._hash_blocks(seq, full)
         seq.blocks.extend(self.pool.cache(seq.keys[have:full]))
+
+    def _hash_blocks(self, seq: _Seq, upto: int) -> None:
+        """Its block hashes up to `upto` blocks. A prompt that starts like the last one seen
+        with the same first block (a shared system prompt) takes the hashes of their common
+        blocks from it: the chain depends only on the tokens, so they are the same."""
+        keys = seq.keys
+        if len(keys) >= upto:
+            return
+        bs = self.cfg.block_size
+        width = bs * TOKEN_BYTES
+        first = seq.tokens[:width]
+        if not keys and len(first) == width:
+            memo = self._key_memo
+            seen = memo.pop(first, None)
+            if seen is not None:
+                n = common_blocks(seq.tokens, seen[0], min(upto, len(seen[1])), bs)
+                keys.extend(seen[1][:n])
+            memo[first] = (seq.tokens, keys)
+            if len(memo) > KEY_MEMO_ENTRIES:
+                memo.popitem(last=False)
+        chain_keys(seq.tokens, keys, upto, bs)
 
     def _free(self, seq: _Seq) -> None:
         self._cache_full_blocks(seq)
@@ -466,7 +497,7 @@ class VLLMScheduler:
         hits: list[Block] = []
         if cfg.enable_prefix_caching:
             max_blocks = (num_tokens - 1) // bs  # the last token is always computed
-            chain_keys(seq.tokens, seq.keys, max_blocks, bs)
+            self._hash_blocks(seq, max_blocks)
             hits = pool.longest_hit(seq.keys, max_blocks)
         hit = len(hits) * bs
         if req.num_retractions == 0:
