@@ -109,3 +109,33 @@ def test_cli_calibrates_and_the_sweep_uses_the_profile(tmp_path: Path) -> None:
     res = runner.invoke(app, ["twin", "calibrate", "--from", str(path), "--out",
                               str(tmp_path / "p2.json"), "--fit-points", "1,x"])
     assert res.exit_code == 2
+
+
+def test_a_given_front_end_time_is_taken_out_of_the_prefill_step(tmp_path: Path) -> None:
+    # the truth spends 30 ms per request in the API server before the engine sees it
+    card = get_gpu("l4")
+    truth = replace(vllm_calibration_for(card), per_seq_s=TRUE_PER_SEQ_S, frontend_s=0.03,
+                    calibrated=True)
+    spec = EngineSpec(card, builtin_model("qwen3-8b"), precision("bf16", "bf16"),
+                      engine_model="vllm", calibration=truth)
+    doc = TwinSweep(spec, WCFG, SLO(), duration_s=120.0, warmup_s=10.0, seed=3).run(
+        [{"mode": "closed", "concurrency": c} for c in (1, 8, 16)])
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(doc))
+    given = calibrate(path, frontend_s=0.03)
+    cal = given["calibration"]
+    assert cal["frontend_s"] == 0.03 and given["assumptions"]["frontend_s"] == 0.03
+    assert cal["prefill_fixed_s"] == pytest.approx(truth.prefill_fixed_s, rel=0.01)
+    assert cal["per_seq_s"] == pytest.approx(TRUE_PER_SEQ_S, rel=0.10)
+    without = calibrate(path)["calibration"]  # the same TTFT, all of it in the prefill step
+    assert without["prefill_fixed_s"] == pytest.approx(cal["prefill_fixed_s"] + 0.03, rel=1e-6)
+    # auto: the search matches the second point's median TTFT (what it claims, no more)
+    auto = calibrate(path, frontend_s="auto")
+    row = next(r for r in auto["fit_error"] if r["load"]["concurrency"] == 16)
+    assert abs(row["ttft_p50"]["rel_error"]) <= 0.10
+    assert 0 <= auto["calibration"]["frontend_s"] <= 0.75 * doc["points"][0]["ttft_ms"]["p50"]
+    with pytest.raises(ValueError, match="vllm model"):
+        calibrate(path, engine_model="sglang", frontend_s="auto")
+    res = CliRunner().invoke(app, ["twin", "calibrate", "--from", str(path), "--out",
+                                   str(tmp_path / "p.json"), "--frontend-ms", "soon"])
+    assert res.exit_code == 2 and "--frontend-ms" in res.output

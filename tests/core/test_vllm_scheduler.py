@@ -86,6 +86,10 @@ def drive(s: VLLMScheduler, arrivals: list[tuple[float, EngineRequest]],
         step = s.schedule(now, horizon)
         check_invariants(s)
         if step is None:
+            wake = s.next_ready_time()
+            if wake is not None and wake > now:  # the API server still holds a request
+                now = min(wake, pending[i][0]) if i < len(pending) else wake
+                continue
             assert not s.has_work(), "work is waiting but nothing can be scheduled"
             if i == len(pending):
                 return results
@@ -157,6 +161,20 @@ def test_long_prefill_token_threshold_caps_each_chunk() -> None:
     a = req("a", ids(0, 50), 2)
     results = drive(s, [(0.0, a)])
     assert [n for step in chunks(results) for _, n in step] == [20, 20, 10]
+
+
+def test_the_api_server_hands_requests_over_one_after_another() -> None:
+    # a front end of 10 ms per request: a, b, c all arrive at 0 and reach the engine at 0.01,
+    # 0.02 and 0.03. a's prefill starts alone at 0.01; b and c join the next step, beside a's
+    # first decode, so the burst is spread over two steps
+    s = make(budget=64, frontend_s=0.01)
+    a, b, c = (req(x, ids(100 * i, 10), 3) for i, x in enumerate("abc"))
+    results = drive(s, [(0.0, a), (0.0, b), (0.0, c)])
+    assert chunks(results)[:2] == [[("a", 10)], [("b", 10), ("c", 10)]]
+    assert results[0].step.start == pytest.approx(0.01)
+    assert a.first_token_time == pytest.approx(0.01 + PREFILL, abs=TOL)
+    assert b.first_token_time == pytest.approx(0.01 + 2 * PREFILL, abs=TOL)
+    assert results[1].step.kind == "mixed"
 
 
 def test_mixed_step_pays_the_per_sequence_cost_beyond_the_first() -> None:
@@ -361,11 +379,12 @@ def test_random_workloads_keep_the_pool_consistent_and_finish_every_request(
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), blocks=st.integers(12, 40), budget=st.integers(8, 80))
+@given(seed=st.integers(0, 10_000), blocks=st.integers(12, 40), budget=st.integers(8, 80),
+       frontend=st.sampled_from([0.0, 0.004]))
 def test_decode_runs_give_exactly_what_single_steps_give(seed: int, blocks: int,
-                                                         budget: int) -> None:
+                                                         budget: int, frontend: float) -> None:
     def run(horizon: float | None) -> list[list[float]]:
-        s = make(blocks=blocks, budget=budget, max_seqs=4)
+        s = make(blocks=blocks, budget=budget, max_seqs=4, frontend_s=frontend)
         arrivals = [(t, r) for t, r in _random_arrivals(seed, 10, 16)
                     if s.check_request(r.prompt_len, r.max_new_tokens) is None]
         drive(s, arrivals, horizon=horizon)

@@ -209,6 +209,10 @@ def calibrate_cmd(
     bandwidth_eff: float | None = typer.Option(
         None, help="Hold the bandwidth efficiency here and fit the decode fixed cost instead "
         "(the vLLM model's default holds the L4 fit's)."),
+    frontend_ms: str = typer.Option(
+        "0", help="vLLM model: the API server's time per request before the engine sees it, "
+        "taken from the concurrency-1 TTFT (ms), or auto: searched on the second point's "
+        "TTFT (fragile with fixed lengths, docs/twin.md)."),
 ) -> None:
     """Fit the twin's step-time constants to a live sweep (its concurrency-1 point; the vLLM
     model a second point too) and report the fit's error on the sweep's other points."""
@@ -216,9 +220,15 @@ def calibrate_cmd(
 
     with clean_errors():
         points = parse_list(fit_points, int, "--fit-points") if fit_points else None
+        frontend: float | str = "auto"
+        if frontend_ms != "auto":
+            try:
+                frontend = float(frontend_ms) / 1000
+            except ValueError:
+                fail(f"--frontend-ms {frontend_ms!r}: a number of milliseconds or auto")
         prof = calibrate(from_, gpu=gpu, model=model, weights=weights, kv_cache=kv_cache,
                          gemm_eff=gemm_eff, engine_model=engine_model, fit_points=points,
-                         bandwidth_eff=bandwidth_eff)
+                         bandwidth_eff=bandwidth_eff, frontend_s=frontend)
         write_json_atomic(out_path, prof)
     if as_json:
         print_json(prof)
@@ -230,10 +240,11 @@ def calibrate_cmd(
               f"efficiency {cal['bandwidth_eff']:.3f}, prefill fixed "
               f"{cal['prefill_fixed_s'] * 1000:.1f} ms, decode fixed "
               f"{cal['decode_fixed_s'] * 1000:.1f} ms"
-              + (f", per sequence {cal['per_seq_s'] * 1e6:.0f} us"
+              + (f", per sequence {cal['per_seq_s'] * 1e6:.0f} us, front end "
+                 f"{cal['frontend_s'] * 1000:.1f} ms per request"
                  if prof["engine_model"] == "vllm" else ""))
-    if prof.get("per_seq_note"):
-        out.print(f"note: {prof['per_seq_note']}")
+    for note in prof.get("fit_notes") or ():
+        out.print(f"note: {note}")
     t = Table(title="fit error on the sweep's points (twin against live, medians)")
     for col in ("load", "fitted on", "TTFT live", "TTFT twin", "TPOT live", "TPOT twin",
                 "tok/s live", "tok/s twin"):

@@ -95,6 +95,7 @@ class Calibration:
     calibrated: bool
     source: str
     per_seq_s: float = 0.0  # vLLM model: cost per sequence beyond the first in a step
+    frontend_s: float = 0.0  # vLLM model: API-server time per request, before the engine
 
     def constants(self, gpu: GPU, weights: str) -> StepConstants:
         tier = tier_defaults(gpu.visible_mib)
@@ -334,7 +335,8 @@ def calibration_to_json(cal: Calibration) -> dict[str, object]:
     return {"gpu": cal.gpu, "bandwidth_eff": cal.bandwidth_eff,
             "decode_fixed_s": cal.decode_fixed_s, "prefill_fixed_s": cal.prefill_fixed_s,
             "gemm_eff": dict(cal.gemm_eff), "attn_eff": cal.attn_eff, "eager_s": cal.eager_s,
-            "calibrated": cal.calibrated, "source": cal.source, "per_seq_s": cal.per_seq_s}
+            "calibrated": cal.calibrated, "source": cal.source, "per_seq_s": cal.per_seq_s,
+            "frontend_s": cal.frontend_s}
 
 
 def calibration_from_json(d: dict[str, object]) -> Calibration:
@@ -350,10 +352,11 @@ def calibration_from_json(d: dict[str, object]) -> Calibration:
             attn_eff=float(d["attn_eff"]),  # type: ignore[arg-type]
             eager_s=float(d["eager_s"]),  # type: ignore[arg-type]
             calibrated=bool(d.get("calibrated", True)), source=str(d.get("source", "")),
-            per_seq_s=float(d.get("per_seq_s", 0.0)))  # type: ignore[arg-type]
+            per_seq_s=float(d.get("per_seq_s", 0.0)),  # type: ignore[arg-type]
+            frontend_s=float(d.get("frontend_s", 0.0)))  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not a calibration profile: {exc}") from exc
     if (not 0 < cal.bandwidth_eff <= 1.5 or cal.prefill_fixed_s < 0 or cal.decode_fixed_s < 0
-            or cal.per_seq_s < 0):
+            or cal.per_seq_s < 0 or cal.frontend_s < 0):
         raise ValueError("calibration profile has out-of-range constants")
     return cal

@@ -226,7 +226,14 @@ class Replica:
             step = self.sched.schedule(now)
             if step is None:  # nothing admissible and nothing running: wait for a change
                 self._wake.clear()
-                await self._wake.wait()
+                wake = self.sched.next_ready_time()
+                if wake is not None and wake > now:  # or until the engine sees a request
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(),
+                                               (wake - self.model_now()) / self.time_scale)
+                else:
+                    await self._wake.wait()
+                last_end = None
                 continue
             if self.trace is not None and self.trace.pending() > TRACE_FLUSH_ROWS:
                 self.trace.flush()  # while the step runs, not in its write burst

@@ -13,6 +13,14 @@ two points, concurrency 1 and, by default, the largest tested concurrency of at 
 2. concurrency N: the per-sequence cost of a step is found by bisection, replaying that point
    through the twin until its median time per output token matches the live one.
 
+The API server's time per request before the engine core sees it (`frontend_s`) is a share of
+the concurrency-1 TTFT that the prefill step then no longer carries; it spreads a burst of
+arrivals over several steps, which breaks the waves closed-loop users with equal lengths form.
+It is 0 unless given (`--frontend-ms X`). `--frontend-ms auto` searches it on the second
+point's median TTFT (a grid over shares of the concurrency-1 TTFT, then a finer one): with
+fixed lengths that response jumps between wave regimes, so a match there need not predict the
+other points; the fit error on them says whether it does.
+
 The replays use the sweep's own engine where its target records it (the pool from the engine
 log or vLLM's cache config, vLLM's max_num_batched_tokens and max_num_seqs). The sweep's other
 points then measure the fit: the twin replays each of them with the fitted profile, the same
@@ -23,6 +31,7 @@ reported and stored in the profile.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -48,6 +57,10 @@ from chatfleet.twin.run import run_point
 # live time per output token
 PER_SEQ_MAX_RUNS = 14
 PER_SEQ_TOLERANCE = 0.005
+# the front-end grid: this many steps from 0 to this share of the concurrency-1 TTFT
+FRONTEND_GRID = 12
+FRONTEND_MAX_SHARE = 0.75
+FRONTEND_TTFT_TOLERANCE = 0.10  # a note when the best grid point is further off than this
 
 PROFILE_SCHEMA = "chatfleet.profile/1"
 
@@ -173,7 +186,8 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
               gemm_eff: float = ASSUMED_BF16_GEMM_EFF,
               decode_fixed_s: float = ASSUMED_DECODE_FIXED_S,
               engine_model: str | None = None, fit_points: Sequence[int] | None = None,
-              bandwidth_eff: float | None = None) -> dict[str, Any]:
+              bandwidth_eff: float | None = None,
+              frontend_s: float | str = 0.0) -> dict[str, Any]:
     doc = load_sweep(sweep_path)
     target = doc.get("target", {})
     gpu_name = gpu or target.get("gpu")
@@ -201,14 +215,30 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
     held_bw = bandwidth_eff
     if em == "vllm" and held_bw is None:
         held_bw = L4_CALIBRATION.bandwidth_eff  # the physics shared with the SGLang L4 fit
-    cal = fit_point(
-        card, mdl, w, kv, tpot_s=one["tpot_ms"]["p50"] / 1000,
-        ttft_s=one["ttft_ms"]["p50"] / 1000, new_tokens=prompt - cached, cached_tokens=cached,
-        decode_context=prompt + mean_out / 2, decode_fixed_s=decode_fixed_s, gemm_eff=gemm_eff,
-        bandwidth_eff=held_bw,
-        source=f"fitted to the concurrency-{'/'.join(str(c) for c in loads)} "
-               f"point{'s' if len(fitted) > 1 else ''} of {sweep_path} "
-               f"({target.get('engine', '?')} on {gpu_name}, {em} model) on {_dt.date.today()}")
+    source = (f"fitted to the concurrency-{'/'.join(str(c) for c in loads)} "
+              f"point{'s' if len(fitted) > 1 else ''} of {sweep_path} "
+              f"({target.get('engine', '?')} on {gpu_name}, {em} model) on {_dt.date.today()}")
+
+    def fit_one(frontend_s: float, per_seq_s: float) -> Calibration:
+        """The concurrency-1 fit with `frontend_s` of its TTFT spent before the engine."""
+        c = fit_point(
+            card, mdl, w, kv, tpot_s=one["tpot_ms"]["p50"] / 1000,
+            ttft_s=one["ttft_ms"]["p50"] / 1000 - frontend_s, new_tokens=prompt - cached,
+            cached_tokens=cached, decode_context=prompt + mean_out / 2,
+            decode_fixed_s=decode_fixed_s, gemm_eff=gemm_eff, bandwidth_eff=held_bw,
+            source=source, per_seq_s=per_seq_s)
+        return replace(c, frontend_s=frontend_s)
+
+    if frontend_s == "auto":
+        if em != "vllm" or len(fitted) < 2:
+            raise ValueError("--frontend-ms auto needs the vllm model and a second fit point")
+    elif (not isinstance(frontend_s, float | int) or not math.isfinite(frontend_s)
+          or frontend_s < 0):
+        raise ValueError("the front-end time must be a number of seconds >= 0, or auto")
+    elif frontend_s and em != "vllm":
+        raise ValueError("the front-end time belongs to the vllm model")
+    fixed_frontend = 0.0 if frontend_s == "auto" else float(frontend_s)
+    cal = fit_one(fixed_frontend, 0.0)
     duration = float(doc.get("workload", {}).get("duration_s", 300.0))
     warmup = float(doc.get("workload", {}).get("warmup_s", 30.0))
 
@@ -223,9 +253,12 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
         return run_point(spec_of(c), wcfg, dict(p["load"]), duration_s=duration,
                          warmup_s=warmup, seed=int(p.get("seed", 1))).point
 
-    per_seq_note = None
-    if len(fitted) > 1:
-        cal, per_seq_note = fit_per_seq(cal, fitted[1], replay)
+    notes: list[str] = []
+    if len(fitted) > 1 and frontend_s == "auto":
+        cal, notes = fit_second_point(fit_one, fitted[1], one, replay)
+    elif len(fitted) > 1:
+        cal, note = fit_per_seq(cal, fitted[1], replay)
+        notes += [note] if note else []
     errors = []
     for p in points:
         tw = replay(cal, p)
@@ -239,6 +272,8 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
                         "rel_error": (twin - live) / live if live else None}
         errors.append(row)
     assumptions: dict[str, Any] = {"gemm_eff": gemm_eff}
+    if em == "vllm" and frontend_s != "auto":
+        assumptions["frontend_s"] = fixed_frontend
     if held_bw is None:
         assumptions["decode_fixed_s"] = decode_fixed_s
     else:
@@ -248,9 +283,46 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
         "kv_cache": kv, "engine": target.get("engine"), "engine_model": em,
         "fit_points": loads,
         "engine_settings": settings, "calibration": calibration_to_json(cal),
-        "assumptions": assumptions, "per_seq_note": per_seq_note,
+        "assumptions": assumptions, "fit_notes": notes,
         "workload_note": note, "fit_error": errors,
     }
+
+
+def fit_second_point(fit_one: Any, point: dict[str, Any], one: dict[str, Any],
+                     replay: Any) -> tuple[Calibration, list[str]]:
+    """`--frontend-ms auto`: the front-end time and the per-sequence cost from the second
+    point: the per-sequence cost by bisection on its median TPOT, then the front-end time by a
+    grid over shares of the concurrency-1 TTFT (the one closest to its median TTFT), a finer
+    grid around that one with the per-sequence cost fitted again, and the per-sequence cost
+    once more at the end."""
+    notes: list[str] = []
+    live = float(point["ttft_ms"]["p50"])
+    ttft1 = float(one["ttft_ms"]["p50"]) / 1000
+    cal, _ = fit_per_seq(fit_one(0.0, 0.0), point, replay)
+    step = ttft1 * FRONTEND_MAX_SHARE / FRONTEND_GRID
+    best = (float("inf"), 0.0)
+    for grid in ([step * k for k in range(FRONTEND_GRID + 1)],
+                 [best[1] + step * k / 4 for k in range(-4, 5)]):
+        for frontend in grid:
+            if frontend < 0:
+                continue
+            try:
+                c = fit_one(frontend, cal.per_seq_s)
+            except ValueError:
+                break  # the prefill step would have no fixed cost left
+            if c.prefill_fixed_s < c.decode_fixed_s:
+                break  # a prefill step costs at least a decode step's fixed cost
+            err = abs(float(replay(c, point)["ttft_ms"]["p50"]) - live)
+            if err < best[0] - 1e-9:
+                best = (err, frontend)
+        cal, _ = fit_per_seq(fit_one(best[1], cal.per_seq_s), point, replay)
+    if best[0] > FRONTEND_TTFT_TOLERANCE * live:
+        notes.append(f"at concurrency {point['load']['concurrency']} the closest median TTFT "
+                     f"the twin reached is {best[0]:.0f} ms off the live {live:.0f} ms")
+    cal, note = fit_per_seq(fit_one(best[1], cal.per_seq_s), point, replay)
+    if note:
+        notes.append(note)
+    return cal, notes
 
 
 def fit_per_seq(cal: Calibration, point: dict[str, Any],

@@ -116,6 +116,10 @@ def kick(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int
         return []
     step = sched.schedule(now, horizon=horizon)
     if step is None:
+        wake = sched.next_ready_time()
+        if wake is not None and wake > now:  # a request the engine does not see yet
+            return [loop.at(wake, lambda j, t: kick(loop, scheds, step_gen, j, t, horizon,
+                                                      step_end), i)]
         return []
     step_gen[i] += 1
     return [loop.at(step.end, step_end, (i, step_gen[i]))]

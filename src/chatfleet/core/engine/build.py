@@ -174,6 +174,8 @@ def build_vllm_scheduler(spec: EngineSpec) -> VLLMScheduler:
         max_num_seqs=plan.max_num_seqs,
         long_prefill_token_threshold=spec.long_prefill_token_threshold,
         max_model_len=min(spec.model.max_position_embeddings, usable),
+        frontend_s=(calibration_of(spec) or spec.calibration or vllm_calibration_for(
+            spec.gpu)).frontend_s,
     )
     thermal = ThermalState(thermal_profile(spec.gpu)) if spec.thermal else None
     return VLLMScheduler(cfg, step_model, thermal)

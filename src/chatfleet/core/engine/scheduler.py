@@ -613,6 +613,10 @@ class Scheduler:
     def decoding_requests(self) -> list[EngineRequest]:
         return list(self.running.values())
 
+    def next_ready_time(self) -> float | None:
+        """Every request is schedulable as it arrives: no wake-up is ever needed."""
+        return None
+
     def prefix_cache_counters(self) -> tuple[int, int]:
         """(prompt tokens, of those cached), counted once per request at admission."""
         return self.num_prefill_input_tokens, self.num_prefill_cached_tokens

@@ -88,6 +88,9 @@ class VLLMConfig:
     max_model_len: int = 40960
     enable_prefix_caching: bool = True
     scheduler_reserve_full_isl: bool = True
+    # the API server's work per request before the engine core sees it (chat template,
+    # tokenization, hand-off), one request after another: calibration.py's frontend_s
+    frontend_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 2:
@@ -102,6 +105,8 @@ class VLLMConfig:
             raise ValueError("long_prefill_token_threshold must not be negative")
         if self.max_model_len < 1:
             raise ValueError("max_model_len must be positive")
+        if self.frontend_s < 0:
+            raise ValueError("the front-end time must not be negative")
 
     @property
     def pool_tokens(self) -> int:
@@ -122,6 +127,7 @@ class _Seq:
     generated: int = 0  # tokens sampled so far; derived while decoding
     mode: Mode = "waiting"
     phase: int = 0  # decoding: (computed tokens - global step) mod block size
+    ready: float = 0.0  # when the API server has handed it to the engine core
 
 
 def cdiv(a: int, b: int) -> int:
@@ -157,6 +163,7 @@ class VLLMScheduler:
         self._pending_preempted: list[EngineRequest] = []
         self._run_blocks_needed = 0  # extra decode blocks a run's later steps take
         self._busy_until = 0.0
+        self._frontend_free = 0.0  # when the API server is done with what it was given
         self.num_prefill_input_tokens = 0
         self.num_prefill_cached_tokens = 0
         self.num_retractions = 0  # preemptions (vllm:num_preemptions)
@@ -242,7 +249,9 @@ class VLLMScheduler:
         req.output_ids = as_tokens(req.output_ids)
         req.fill = req.prompt
         buf = (as_tokens(req.prompt) + as_tokens(req.output_ids)).tobytes()
-        self.waiting.append(_Seq(req, buf))
+        ready = max(now, self._frontend_free) + self.cfg.frontend_s
+        self._frontend_free = ready
+        self.waiting.append(_Seq(req, buf, ready=ready))
 
     def abort(self, rid: str) -> EngineRequest | None:
         """Drop a request wherever it is and free its blocks at once (finish_requests)."""
@@ -424,6 +433,8 @@ class VLLMScheduler:
         new_cached = 0
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                if self.waiting[0].ready > now:
+                    break  # the API server has not handed it over yet
                 admitted = self._admit(self.waiting[0], budget)
                 if admitted is None:
                     break
@@ -547,14 +558,19 @@ class VLLMScheduler:
                          sm, mem)
         ends = [t]
         self._run_blocks_needed = 0
+        until = horizon if horizon is not None else t
+        pending = self.next_ready_time()
+        if pending is not None and pending > now:
+            until = min(until, pending)  # the step at whose end it is ready comes last
         if (horizon is not None and not chunks and not preempted and self.thermal is None
-                and t < horizon and self._finish_heap):
-            # a decode-only run: up to the first finish, the horizon, and the blocks that fit
+                and t < until and self._finish_heap):
+            # a decode-only run: up to the first finish, the horizon, the next request the
+            # API server hands over, and the blocks that fit
             last = self._finish_heap[0][0]
             free = self.pool.num_free()
             taken = 0
             j = s + 1
-            while j <= last and t < horizon:
+            while j <= last and t < until:
                 need = self._phase_count[(-j) % bs]
                 if taken + need > free:
                     break
@@ -570,6 +586,12 @@ class VLLMScheduler:
                     batch=[(seq.req, n) for seq, _, n, _ in chunks], num_decode=num_decode,
                     num_prefill_tokens=p_tokens, num_cached_tokens=new_cached,
                     num_waiting=len(self.waiting), decode_ends=ends)
+
+    def next_ready_time(self) -> float | None:
+        """When the next waiting request reaches the engine core (None: nothing waits). The
+        queue is in hand-over order, so its head is the first (a preempted request at the
+        front is ready already)."""
+        return self.waiting[0].ready if self.waiting else None
 
     def truncate_decode_run(self, t: float) -> float | None:
         """Something arrived at `t` during a decode run: cut the run after the step running at
