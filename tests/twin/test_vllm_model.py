@@ -71,6 +71,15 @@ def test_a_full_bf16_pool_preempts_and_every_request_still_finishes() -> None:
     assert run.point["requests"]["failed"] == 0
 
 
+def test_the_thermal_model_runs_under_the_vllm_model_too() -> None:
+    # the same ThermalState, advanced at step completion and while idle
+    p = closed(engine("fp8", engine_model="vllm", thermal=True), 16, duration=120.0,
+               warmup=10.0).point
+    g = p["gpu"]
+    assert g["thermal_model"] is True and g["temp_c"]["max"] is not None
+    assert g["sm_clock_mhz"]["min"] <= g["sm_clock_mhz"]["p50"]
+
+
 def test_decode_runs_keep_a_lone_user_to_a_few_events_per_request() -> None:
     run = closed(engine("fp8", engine_model="vllm"), 1, duration=120.0, warmup=0.0)
     n = run.point["requests"]["completed"]
