@@ -166,6 +166,8 @@ def build_vllm_scheduler(spec: EngineSpec) -> VLLMScheduler:
     plan = spec.vllm_pool_plan()
     step_model = step_time_model(spec)
     assert isinstance(step_model, MixedStepModel)
+    cal = calibration_of(spec)
+    assert cal is not None
     usable = (plan.num_gpu_blocks - 1) * plan.block_size
     cfg = VLLMConfig(
         num_gpu_blocks=plan.num_gpu_blocks,
@@ -174,8 +176,7 @@ def build_vllm_scheduler(spec: EngineSpec) -> VLLMScheduler:
         max_num_seqs=plan.max_num_seqs,
         long_prefill_token_threshold=spec.long_prefill_token_threshold,
         max_model_len=min(spec.model.max_position_embeddings, usable),
-        frontend_s=(calibration_of(spec) or spec.calibration or vllm_calibration_for(
-            spec.gpu)).frontend_s,
+        frontend_s=cal.frontend_s,
     )
     thermal = ThermalState(thermal_profile(spec.gpu)) if spec.thermal else None
     return VLLMScheduler(cfg, step_model, thermal)
