@@ -301,6 +301,7 @@ def test_each_flag_default_is_read_from_its_one_home() -> None:
         assert got["system_prompt_tokens"] == WorkloadConfig().system_prompt_tokens, path
         assert (got["input_len"], got["output_len"]) == (lengths.input_len, lengths.output_len)
     assert flag_defaults("sweep")["drain"] == defaults.DRAIN_S
+    assert flag_defaults("sweep")["cooldown_max"] == defaults.COOLDOWN_MAX_S
     assert flag_defaults("twin", "sweep")["queue_depth"] == FleetSettings().queue_depth
     fleet = FleetSettings()
     for cfg in (GatewayConfig(), FleetConfig(replicas=1, cap=1)):
@@ -308,6 +309,7 @@ def test_each_flag_default_is_read_from_its_one_home() -> None:
             fleet.queue_depth, fleet.ttft_budget_s, fleet.prefill_reserve_s)
     live = LiveSweepConfig([], "sglang", "m", [], WorkloadConfig(), Path("."))
     twin = TwinSweep(None, WorkloadConfig(), slo)  # type: ignore[arg-type]
+    assert (live.drain_s, live.cooldown_max_s) == (defaults.DRAIN_S, defaults.COOLDOWN_MAX_S)
     for run in (live, twin):
         assert (run.duration_s, run.warmup_s, run.seed) == (
             defaults.DURATION_S, defaults.WARMUP_S, defaults.SEED)

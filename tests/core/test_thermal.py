@@ -212,7 +212,21 @@ def test_half_load_settles_below_slowdown_or_at_a_higher_clock() -> None:
 
 def test_unknown_step_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="step kind"):
+        ThermalState(PROFILE).advance(1.0, 1.0, "idle-spin")
+
+
+def test_a_mixed_step_draws_between_decode_and_prefill_by_its_prefill_share() -> None:
+    """vLLM's mixed steps: all-prefill tokens draw what a prefill draws, all-decode what a
+    decode draws, and a share in between lies between them; the share must be given."""
+    prefill, decode = PROFILE.phase_power_w("prefill"), PROFILE.phase_power_w("decode")
+    assert PROFILE.phase_power_w("mixed", 1.0) == pytest.approx(prefill)
+    assert PROFILE.phase_power_w("mixed", 0.0) == pytest.approx(decode)
+    assert decode < PROFILE.phase_power_w("mixed", 0.3) < prefill
+    with pytest.raises(ValueError, match="prefill share"):
         ThermalState(PROFILE).advance(1.0, 1.0, "mixed")
+    state = ThermalState(PROFILE)
+    state.advance(10.0, 1.0, "mixed", 0.5)
+    assert state.power_w == pytest.approx(PROFILE.power_w(1.0, "mixed", state.sm_mhz, 0.5))
 
 
 @settings(max_examples=60, deadline=None)

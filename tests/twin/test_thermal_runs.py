@@ -21,8 +21,8 @@ from chatfleet.core.calibration import (
     fit_l4_thermal,
     thermal_profile,
 )
-from chatfleet.core.engine.build import EngineSpec, build_scheduler
-from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.engine.build import EngineSpec, build_engine
+from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.thermal import ThermalState, cooling_need
 from chatfleet.core.specs import get_gpu
 from chatfleet.core.workload import WorkloadConfig
@@ -90,12 +90,12 @@ def test_overload_prefill_shares_are_the_twins(monkeypatch: pytest.MonkeyPatch, 
     what the twin's overload run does with the clock held there."""
     import chatfleet.twin.run as twin_run
 
-    def pinned(spec: EngineSpec) -> Scheduler:
-        sched = build_scheduler(spec)
+    def pinned(spec: EngineSpec) -> EngineModel:
+        sched = build_engine(spec)
         sched.thermal = PinnedClock(thermal_profile(spec.gpu), mhz)
         return sched
 
-    monkeypatch.setattr(twin_run, "build_scheduler", pinned)
+    monkeypatch.setattr(twin_run, "build_engine", pinned)
     gpu = overload_point(engine("bf16", thermal=True))["gpu"]
     assert gpu["prefill_share"] == pytest.approx(share, abs=0.01)
 
@@ -132,7 +132,7 @@ def test_gpu_block_weights_steps_by_time_in_the_window() -> None:
     rows = weighted_rows(log, 10.0, 20.0)
     assert [w for _, w in rows] == [3.0, 1.0, 1.0]
     assert weighted_median(sorted((float(str(r[9])), w) for r, w in rows)) == 500.0
-    sched = build_scheduler(engine("bf16", thermal=True))
+    sched = build_engine(engine("bf16", thermal=True))
     sched.log = log
     gpu = gpu_block(engine("bf16", thermal=True), [sched], 10.0, 20.0)
     assert gpu["busy_share"] == pytest.approx(0.5)

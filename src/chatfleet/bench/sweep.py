@@ -34,7 +34,7 @@ from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
 from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
-from chatfleet.core.defaults import DRAIN_S, DURATION_S, SEED, WARMUP_S
+from chatfleet.core.defaults import COOLDOWN_MAX_S, DRAIN_S, DURATION_S, SEED, WARMUP_S
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, find_knee, load_value, summarize_point
 from chatfleet.core.refine import BISECT_MAX_RUNS, EXTEND_MAX_RUNS, RefinePolicy, next_load
@@ -66,7 +66,7 @@ class LiveSweepConfig:
     seed: int = SEED
     telemetry: str = "none"
     cooldown_temp_c: float | None = None
-    cooldown_max_s: float = 300.0
+    cooldown_max_s: float = COOLDOWN_MAX_S
     clock_floor_mhz: float | None = None
     resume: bool = False
     refine: bool = False

@@ -1,6 +1,6 @@
 """What the commands share to read their options: arrivals, lengths, prompt groups, load
-points and calibration profiles, each flag's value checked and turned into the core's types
-(a bad one is a one-line error)."""
+points, the engine model and calibration profiles, each flag's value checked and turned into
+the core's types (a bad one is a one-line error)."""
 
 from __future__ import annotations
 
@@ -74,14 +74,40 @@ def build_loads(concurrency: str | None, rate: str | None,
     if not loads:
         fail("nothing to run: give --concurrency or --rate")
     return loads
-def profile_calibration(profile: Path | None, gpu: str) -> Calibration | None:
+
+
+def engine_model_args(engine_model: str, max_num_batched_tokens: int | None,
+                      long_prefill_token_threshold: int) -> dict[str, Any]:
+    """The EngineSpec fields of --engine-model and its vLLM-only flags, checked."""
+    from chatfleet.core.engine.build import ENGINE_MODELS
+
+    if engine_model not in ENGINE_MODELS:
+        fail(f"--engine-model {engine_model!r}: choose {' or '.join(ENGINE_MODELS)}")
+    if engine_model != "vllm" and (max_num_batched_tokens is not None
+                                   or long_prefill_token_threshold):
+        fail("--max-num-batched-tokens and --long-prefill-token-threshold need "
+             "--engine-model vllm")
+    if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
+        fail("--max-num-batched-tokens must be at least 1")
+    if long_prefill_token_threshold < 0:
+        fail("--long-prefill-token-threshold must not be negative")
+    return {"engine_model": engine_model, "max_num_batched_tokens": max_num_batched_tokens,
+            "long_prefill_token_threshold": long_prefill_token_threshold}
+
+
+def profile_calibration(profile: Path | None, gpu: str,
+                        engine_model: str = "sglang") -> Calibration | None:
     if profile is None:
         return None
     from chatfleet.core.specs import get_gpu
     from chatfleet.twin.calibrate import load_profile
 
-    cal, _ = load_profile(profile)
+    cal, doc = load_profile(profile)
     if get_gpu(gpu).name != cal.gpu:
         console.print(f"[yellow]note:[/] profile {profile} was fitted on {cal.gpu}, used for "
                       f"{gpu}: the results are marked uncalibrated")
+    fitted_for = doc.get("engine_model", "sglang")
+    if fitted_for != engine_model:
+        console.print(f"[yellow]note:[/] profile {profile} was fitted for the {fitted_for} "
+                      f"engine model, used with the {engine_model} one")
     return cal

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
 from chatfleet.cli.common import (
     clean_errors,
@@ -34,7 +35,8 @@ def plan(
     kv_cache: str = typer.Option("bf16", "--kv-cache", help="Pool sizing only: KV cache "
                                  "precision, bf16 or fp8."),
     mem_fraction: float | None = typer.Option(
-        None, help="SGLang's --mem-fraction-static; default: SGLang's rule for the card."),
+        None, help="SGLang's --mem-fraction-static; default: SGLang's rule for the card (the "
+        "vLLM model: --gpu-memory-utilization, default 0.9)."),
     request_tokens: int = typer.Option(
         REQUEST_TOKENS, help="Pool sizing only: tokens one request adds."),
     system_prompt_tokens: int = typer.Option(
@@ -80,10 +82,20 @@ def plan(
     gateway_config_out: Path | None = typer.Option(
         None, "--gateway-config-out", help="Write the gateway's config file (YAML) here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    engine_model: str = typer.Option(
+        "sglang", help="The engine the plan is for: sglang (SGLang's pool rule and twin) or "
+        "vllm (vLLM's pool rule, the vLLM twin's knee, vLLM's launch command)."),
 ) -> None:
-    """Size the KV pool the way SGLang does; with --users, answer how many users fit on a
-    card, which precision to serve, which caps, how many cards, and how to launch it."""
+    """Size the KV pool the way SGLang (or vLLM) does; with --users, answer how many users fit
+    on a card, which precision to serve, which caps, how many cards, and how to launch it."""
+    if engine_model not in ("sglang", "vllm"):
+        with clean_errors():
+            fail(f"--engine-model {engine_model!r}: choose sglang or vllm")
     if users is None and not sweep:
+        if engine_model == "vllm":
+            vllm_pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
+                           system_prompt_tokens, as_json)
+            return
         pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
                   system_prompt_tokens, as_json)
         return
@@ -106,7 +118,7 @@ def plan(
             grid=tuple(parse_list(grid, int, "--grid")),
             rates=tuple(parse_list(rates, float, "--rates")), duration_s=duration,
             warmup_s=warmup, seed=seed, doubling_hours=doubling_hours, eviction=eviction,
-            model_path=model_path, cap_margin=cap_margin)
+            model_path=model_path, cap_margin=cap_margin, engine_model=engine_model)
         req.profile.workload()  # bad lengths or turns fail here, before any work
         with progress_bars() as progress:
             doc = make_plan(req, progress)
@@ -135,3 +147,44 @@ def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: f
     out.print(pool_table(p))
     if not p.calibrated:
         out.print(f"[yellow]{uncalibrated_note(p.gpu)}[/]", highlight=False)
+
+
+def vllm_pool_only(gpu: str, model: str, weights: str, kv_cache: str, util: float | None,
+                   request_tokens: int, system_prompt_tokens: int, as_json: bool) -> None:
+    """vLLM's memory rule (core/memory.py: its overheads are assumed, not measured)."""
+    from chatfleet.core.memory import plan_vllm_pool
+
+    with clean_errors():
+        if request_tokens <= 0 or system_prompt_tokens < 0:
+            fail("--request-tokens must be positive and --system-prompt-tokens not negative")
+        p = plan_vllm_pool(load_gpu(gpu), load_model(model), weights, kv_cache,
+                           gpu_memory_utilization=util)
+    fit = max(0, (p.kv_pool_tokens - system_prompt_tokens) // request_tokens)
+    prompts = p.kv_pool_tokens // system_prompt_tokens if system_prompt_tokens else 0
+    if as_json:
+        print_json({**p.to_json(), "request_tokens": request_tokens,
+                    "system_prompt_tokens": system_prompt_tokens, "requests_fit": fit,
+                    "prompts_fit": prompts})
+        return
+    t = Table(title=f"vLLM KV pool: {p.model} on {p.gpu}, weights {p.weights}, KV "
+              f"{p.kv_cache} [yellow](vLLM's rule with assumed overheads: uncalibrated)[/]")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    rows = [
+        ("card memory (total)", f"{p.total_gib:.3f} GiB"),
+        ("gpu_memory_utilization", f"{p.gpu_memory_utilization:g}"),
+        ("weights", f"{p.weights_gib:.3f} GiB"),
+        ("activation peak (assumed)", f"{p.activation_peak_gib:.3f} GiB"),
+        ("non-torch + CUDA graphs (assumed)", f"{p.non_torch_gib + p.cudagraph_gib:.3f} GiB"),
+        ("KV cache", f"{p.kv_cache_gib:.3f} GiB"),
+        ("KV pool", f"{p.kv_pool_tokens:,} tokens ({p.num_gpu_blocks:,} blocks of "
+                    f"{p.block_size})"),
+        ("max_num_batched_tokens / max_num_seqs",
+         f"{p.max_num_batched_tokens} / {p.max_num_seqs}"),
+        (f"requests that fit ({request_tokens} tokens each, one shared prompt cached)",
+         f"{fit:,}"),
+        (f"shared prompts that fit ({system_prompt_tokens} tokens each)", f"{prompts:,}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    out.print(t)

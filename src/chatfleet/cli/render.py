@@ -134,8 +134,7 @@ def print_answer(doc: dict[str, Any]) -> None:
         out.print(line, highlight=False)
     out.print(f"host tier: {'HiCache on' if doc['host_tier']['enable'] else 'off'}: "
               f"{doc['host_tier']['why']}")
-    for engine in ("sglang", "vllm"):
-        cmd = doc["launch"][engine]
+    for engine, cmd in doc["launch"].items():
         out.print(f"\n[bold]{engine}:[/] {cmd['shell']}", highlight=False, soft_wrap=True)
         for note in cmd["notes"]:
             out.print(f"  note: {note}", highlight=False)

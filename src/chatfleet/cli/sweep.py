@@ -13,7 +13,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from chatfleet.cli.common import clean_errors, console, fail, out
 from chatfleet.cli.options import GROUP_DRAW_HELP, build_lengths, build_loads, parse_group_draw
 from chatfleet.cli.render import knee_lines, sweep_table
-from chatfleet.core.defaults import DRAIN_S, DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
+from chatfleet.core.defaults import (
+    COOLDOWN_MAX_S,
+    DRAIN_S,
+    DURATION_S,
+    SEED,
+    SYSTEM_PROMPT_TOKENS,
+    WARMUP_S,
+)
 from chatfleet.core.metrics import SLO
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 
@@ -53,7 +60,7 @@ def sweep(
                                   "or none."),
     cooldown_temp: float | None = typer.Option(None, help="Before each run, wait until the "
                                                "GPU is under this temperature (C)."),
-    cooldown_max: float = typer.Option(300.0, help="Longest cool-down wait, seconds."),
+    cooldown_max: float = typer.Option(COOLDOWN_MAX_S, help="Longest cool-down wait, seconds."),
     clock_floor: float | None = typer.Option(None, help="Runs whose median SM clock is under "
                                              "this (MHz) are invalid."),
     slo_ttft_ms: float = typer.Option(SLO().ttft_ms, help="TTFT target."),

@@ -28,6 +28,16 @@ step above SGLang's CUDA-graph batch limit (24 on a 24 GB card), when PyTorch la
 
 Other GPUs reuse the L4's efficiencies and fixed costs on their own datasheet figures and are
 marked uncalibrated until a profile measured on them exists (`chatfleet twin calibrate`).
+
+The vLLM model (core/engine/mixed_step.py) has no L4 data at all: no vLLM run on an L4 has been
+recorded. On the L4 it reuses the SGLang fit where the physics is shared (achieved bandwidth,
+GEMM and attention efficiencies: kernels of the same kinds on the same card) and, assumed
+engine-independent, the decode step's and the prefill step's fixed costs. Its one constant of
+its own, the cost per extra sequence in a step (ASSUMED_VLLM_PER_SEQ_S: input preparation and
+sampling bookkeeping per request), is assumed. Every vLLM-model result on the L4 is marked
+uncalibrated until `chatfleet twin calibrate --engine-model vllm` fits a profile to a measured
+vLLM sweep (`fit_point` with a held bandwidth, then the per-sequence cost from a second point;
+twin/calibrate.py).
 """
 
 from __future__ import annotations
@@ -68,6 +78,8 @@ L4_CALIBRATION_MODEL = "qwen3-8b"
 ASSUMED_DECODE_FIXED_S = 0.0015
 ASSUMED_BF16_GEMM_EFF = 0.50
 ASSUMED_EAGER_S = 0.004
+# vLLM model only, uncalibrated (see above): 50 us per sequence beyond the first in a step
+ASSUMED_VLLM_PER_SEQ_S = 0.00005
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +95,8 @@ class Calibration:
     eager_s: float
     calibrated: bool
     source: str
+    per_seq_s: float = 0.0  # vLLM model: cost per sequence beyond the first in a step
+    frontend_s: float = 0.0  # vLLM model: API-server time per request, before the engine
 
     def constants(self, gpu: GPU, weights: str) -> StepConstants:
         tier = tier_defaults(gpu.visible_mib)
@@ -171,6 +185,15 @@ def calibration_for(gpu: GPU) -> Calibration:
                    source="L4 efficiencies on this card's datasheet figures (uncalibrated)")
 
 
+def vllm_calibration_for(gpu: GPU) -> Calibration:
+    """The vLLM model's constants for a card: the SGLang fit's shared physics and fixed costs
+    plus the assumed per-sequence cost; uncalibrated on every card (see the module docstring)."""
+    base = calibration_for(gpu)
+    return replace(base, per_seq_s=ASSUMED_VLLM_PER_SEQ_S, calibrated=False,
+                   source=f"vLLM model: {base.source}, per-sequence cost assumed "
+                          f"({ASSUMED_VLLM_PER_SEQ_S * 1e6:.0f} us); uncalibrated for vLLM")
+
+
 def step_constants(gpu: GPU, model: Model, prec: Precision,
                    calibration: Calibration | None = None) -> StepConstants:
     cal = calibration or calibration_for(gpu)
@@ -220,19 +243,29 @@ class ThermalProfile:
     decode_power_ratio: float
     source: str
 
-    def phase_power_w(self, kind: str) -> float:
-        """What a step of this kind draws at the loaded clock, busy throughout."""
+    def phase_power_w(self, kind: str, prefill_share: float | None = None) -> float:
+        """What a step of this kind draws at the loaded clock, busy throughout. A `mixed` step
+        (vLLM: decodes and prefill chunks under one token budget) draws between the two, by
+        `prefill_share`, the share of its tokens that are prefill tokens (assumed: a mixed
+        step's GEMMs are as compute-bound as their tokens are prefill)."""
+        decode = self.idle_w + self.decode_power_ratio * (self.cap_w - self.idle_w)
         if kind == "prefill":
             return self.cap_w
-        return self.idle_w + self.decode_power_ratio * (self.cap_w - self.idle_w)
+        if kind == "mixed":
+            if prefill_share is None or not 0.0 <= prefill_share <= 1.0:
+                raise ValueError("a mixed step needs its prefill share in [0, 1]")
+            return prefill_share * self.cap_w + (1.0 - prefill_share) * decode
+        return decode
 
-    def power_w(self, utilization: float, kind: str, sm_mhz: float) -> float:
-        return self.idle_w + utilization * (self.phase_power_w(kind) - self.idle_w) * (
-            sm_mhz / self.loaded_mhz)
+    def power_w(self, utilization: float, kind: str, sm_mhz: float,
+                prefill_share: float | None = None) -> float:
+        return self.idle_w + utilization * (
+            self.phase_power_w(kind, prefill_share) - self.idle_w) * (sm_mhz / self.loaded_mhz)
 
-    def excess_w(self, utilization: float, kind: str) -> float:
+    def excess_w(self, utilization: float, kind: str,
+                 prefill_share: float | None = None) -> float:
         """What the work draws above idle at the loaded clock."""
-        return utilization * (self.phase_power_w(kind) - self.idle_w)
+        return utilization * (self.phase_power_w(kind, prefill_share) - self.idle_w)
 
     def hold_w(self) -> float:
         """The power the cooling sheds at the slowdown temperature."""
@@ -364,19 +397,35 @@ def fit_point(
     gemm_eff: float = ASSUMED_BF16_GEMM_EFF,
     eager_s: float = ASSUMED_EAGER_S,
     source: str = "",
+    bandwidth_eff: float | None = None,
+    per_seq_s: float = 0.0,
 ) -> Calibration:
     """Fit bandwidth efficiency and the prefill fixed cost to one concurrency-1 measurement of
     any engine on any card, the way `fit_l4` does (same assumed decode fixed cost and GEMM
     efficiency): decode from the time per output token at the mean context, prefill from the
-    TTFT of `new_tokens` computed after `cached_tokens` found in the cache."""
-    if tpot_s <= decode_fixed_s:
-        raise ChatfleetError(f"time per token {tpot_s * 1000:.2f} ms is below the assumed decode "
-                             f"fixed cost ({decode_fixed_s * 1000:.2f} ms)")
+    TTFT of `new_tokens` computed after `cached_tokens` found in the cache.
+
+    With `bandwidth_eff` given, the bandwidth is held there and the time per token fixes the
+    decode step's fixed cost instead (the split the vLLM model's calibration uses: an engine
+    build changes its per-step overhead, eager or CUDA graphs, far more than the bandwidth its
+    kernels reach on a card)."""
     if new_tokens < 1 or ttft_s <= 0:
         raise ChatfleetError("the calibration point needs a positive TTFT and prompt")
     kvb = model.kv_bytes_per_token(kv_cache)
     bytes_step = model.streamed_weight_bytes(weights) + decode_context * kvb
-    bandwidth_eff = bytes_step / ((tpot_s - decode_fixed_s) * gpu.bandwidth_gbs * 1e9)
+    if bandwidth_eff is None:
+        if tpot_s <= decode_fixed_s:
+            raise ChatfleetError(f"time per token {tpot_s * 1000:.2f} ms is below the assumed "
+                                 f"decode fixed cost ({decode_fixed_s * 1000:.2f} ms)")
+        bandwidth_eff = bytes_step / ((tpot_s - decode_fixed_s) * gpu.bandwidth_gbs * 1e9)
+    else:
+        if not 0 < bandwidth_eff <= 1.5:
+            raise ChatfleetError("the held bandwidth efficiency must be in (0, 1.5]")
+        decode_fixed_s = tpot_s - bytes_step / (gpu.bandwidth_gbs * 1e9 * bandwidth_eff)
+        if decode_fixed_s <= 0:
+            raise ChatfleetError(
+                f"time per token {tpot_s * 1000:.2f} ms is faster than streaming the weights "
+                f"and KV at bandwidth efficiency {bandwidth_eff}: pass a higher one")
     bw = gpu.bandwidth_gbs * 1e9 * bandwidth_eff
     gemm = model.forward_flops(int(new_tokens), 1) / (gpu.tflops(weights) * 1e12 * gemm_eff)
     weights_s = model.streamed_weight_bytes(weights) / bw
@@ -390,14 +439,16 @@ def fit_point(
             f"efficiency {gemm_eff}: pass a higher --gemm-eff")
     return Calibration(gpu=gpu.name, bandwidth_eff=bandwidth_eff, decode_fixed_s=decode_fixed_s,
                        prefill_fixed_s=fixed, gemm_eff={"bf16": gemm_eff, "fp8": gemm_eff},
-                       attn_eff=gemm_eff, eager_s=eager_s, calibrated=True, source=source)
+                       attn_eff=gemm_eff, eager_s=eager_s, calibrated=True, source=source,
+                       per_seq_s=per_seq_s)
 
 
 def calibration_to_json(cal: Calibration) -> dict[str, object]:
     return {"gpu": cal.gpu, "bandwidth_eff": cal.bandwidth_eff,
             "decode_fixed_s": cal.decode_fixed_s, "prefill_fixed_s": cal.prefill_fixed_s,
             "gemm_eff": dict(cal.gemm_eff), "attn_eff": cal.attn_eff, "eager_s": cal.eager_s,
-            "calibrated": cal.calibrated, "source": cal.source}
+            "calibrated": cal.calibrated, "source": cal.source, "per_seq_s": cal.per_seq_s,
+            "frontend_s": cal.frontend_s}
 
 
 def calibration_from_json(d: dict[str, object]) -> Calibration:
@@ -412,9 +463,12 @@ def calibration_from_json(d: dict[str, object]) -> Calibration:
             gemm_eff={str(k): float(v) for k, v in gemm.items()},
             attn_eff=float(d["attn_eff"]),  # type: ignore[arg-type]
             eager_s=float(d["eager_s"]),  # type: ignore[arg-type]
-            calibrated=bool(d.get("calibrated", True)), source=str(d.get("source", "")))
+            calibrated=bool(d.get("calibrated", True)), source=str(d.get("source", "")),
+            per_seq_s=float(d.get("per_seq_s", 0.0)),  # type: ignore[arg-type]
+            frontend_s=float(d.get("frontend_s", 0.0)))  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
         raise ChatfleetError(f"not a calibration profile: {exc}") from exc
-    if not 0 < cal.bandwidth_eff <= 1.5 or cal.prefill_fixed_s < 0 or cal.decode_fixed_s < 0:
+    if (not 0 < cal.bandwidth_eff <= 1.5 or cal.prefill_fixed_s < 0 or cal.decode_fixed_s < 0
+            or cal.per_seq_s < 0 or cal.frontend_s < 0):
         raise ChatfleetError("calibration profile has out-of-range constants")
     return cal

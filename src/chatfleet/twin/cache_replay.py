@@ -18,9 +18,11 @@ from chatfleet.core.cache.replay import CacheConfig, ReplayLedger, ReplayResult
 from chatfleet.core.cache.trace import Turn
 from chatfleet.core.engine.build import EngineSpec, build_scheduler
 from chatfleet.core.engine.kv_pool import KVPool
+from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.radix import RadixCache
 from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.scheduler import Scheduler, Step
+from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.engine.step import Step
 from chatfleet.twin.loop import Event, EventLoop
 from chatfleet.twin.run import add_request, kick
 
@@ -34,7 +36,7 @@ class Replay:
         self.trace = self.ledger.trace
         self.scheduler: Scheduler = build_scheduler(cfg.engine_spec(engine))
         self.loop = EventLoop()
-        self._scheds = [self.scheduler]
+        self._scheds: list[EngineModel] = [self.scheduler]
         self._step_gen = [0]
         self._seen: Step | None = None
 

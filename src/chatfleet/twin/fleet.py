@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatfleet.core.defaults import DURATION_S, SEED, TWIN_DRAIN_S, WARMUP_S
-from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.engine.build import EngineSpec, build_engine
+from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
@@ -89,7 +89,7 @@ class _Attempt:
 
 @dataclass(slots=True)
 class _FleetRun:
-    scheds: list[Scheduler]
+    scheds: list[EngineModel]
     names: list[str]
     loop: EventLoop
     driver: ClosedLoop | OpenLoop
@@ -237,7 +237,7 @@ def run_fleet_point(
     Replica names matter: rendezvous hashing places sessions by name (the parity check names
     them as the live fleet does)."""
     slo = slo or SLO()
-    scheds = [build_scheduler(spec) for _ in range(fleet.replicas)]
+    scheds = [build_engine(spec) for _ in range(fleet.replicas)]
     names = replica_names or [f"twin-{i}" for i in range(fleet.replicas)]
     if len(names) != fleet.replicas or len(set(names)) != len(names):
         raise ValueError(f"need {fleet.replicas} distinct replica names, got {names}")

@@ -15,9 +15,14 @@ from typing import Any
 
 from chatfleet import __version__
 from chatfleet.core.defaults import DURATION_S, SEED, TWIN_DRAIN_S, WARMUP_S
-from chatfleet.core.engine.build import EngineSpec, build_scheduler, thermal_profile_of
+from chatfleet.core.engine.build import (
+    ENGINE_MODEL_VERSIONS,
+    EngineSpec,
+    build_engine,
+    thermal_profile_of,
+)
+from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
@@ -38,14 +43,14 @@ Load = dict[str, Any]
 class PointRun:
     point: dict[str, Any]
     records: list[RequestRecord]
-    scheduler: Scheduler
+    scheduler: EngineModel
     num_events: int
 
 
-Route = Callable[[RequestSpec, list[Scheduler]], int]
+Route = Callable[[RequestSpec, list[EngineModel]], int]
 
 
-def route_by_user(spec: RequestSpec, replicas: list[Scheduler]) -> int:
+def route_by_user(spec: RequestSpec, replicas: list[EngineModel]) -> int:
     """The default seam until the gateway's routing lands: a user's requests stay on one
     replica (user index modulo replica count)."""
     return spec.user % len(replicas)
@@ -53,7 +58,7 @@ def route_by_user(spec: RequestSpec, replicas: list[Scheduler]) -> int:
 
 @dataclass(slots=True)
 class _Run:
-    scheds: list[Scheduler]
+    scheds: list[EngineModel]
     loop: EventLoop
     driver: ClosedLoop | OpenLoop
     window_end: float
@@ -107,7 +112,7 @@ class _Run:
                            spec.scheduled_time, outcome)
 
 
-def kick(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int, now: float,
+def kick(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int, now: float,
          horizon: float, step_end: Callable[[tuple[int, int], float], Iterable[Event]],
          ) -> list[Event]:
     """Start replica i's next step if it is idle with work; its end event carries a fresh
@@ -117,12 +122,16 @@ def kick(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int, 
         return []
     step = sched.schedule(now, horizon=horizon)
     if step is None:
+        wake = sched.next_ready_time()
+        if wake is not None and wake > now:  # a request the engine does not see yet
+            return [loop.at(wake, lambda j, t: kick(loop, scheds, step_gen, j, t, horizon,
+                                                      step_end), i)]
         return []
     step_gen[i] += 1
     return [loop.at(step.end, step_end, (i, step_gen[i]))]
 
 
-def add_request(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int,
+def add_request(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int,
                 req: EngineRequest, now: float, horizon: float,
                 step_end: Callable[[tuple[int, int], float], Iterable[Event]]) -> list[Event]:
     """Hand `req` to replica i's scheduler: a decode run in progress must stop after the step
@@ -138,7 +147,7 @@ def add_request(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i
     return kick(loop, scheds, step_gen, i, now, horizon, step_end)
 
 
-def make_record(sched: Scheduler, replica: str, spec: RequestSpec, req: EngineRequest,
+def make_record(sched: EngineModel, replica: str, spec: RequestSpec, req: EngineRequest,
                 request_id: str, arrived: float, outcome: str) -> RequestRecord:
     """The record of a request the engine model served (token times from its step log)."""
     times = sched.token_times(req)
@@ -181,13 +190,13 @@ def run_point(
     if replicas < 1:
         raise ChatfleetError("replicas must be at least 1")
     slo = slo or SLO()
-    scheds = [build_scheduler(spec) for _ in range(replicas)]
+    scheds = [build_engine(spec) for _ in range(replicas)]
     sched = scheds[0]
     need = wcfg.max_context_tokens()
-    if need > sched.pool.capacity_tokens:
+    if need > sched.capacity_tokens:
         raise ChatfleetError(
             f"a session can reach {need} tokens (system prompt + turns), more than the "
-            f"{sched.pool.capacity_tokens}-token KV pool holds"
+            f"{sched.capacity_tokens}-token KV pool holds"
         )
     rng = random.Random(seed)
     workload = Workload(wcfg, rng)
@@ -220,16 +229,17 @@ def run_point(
     return PointRun(point, run.records, sched, loop.num_events)
 
 
-def engine_block(scheds: list[Scheduler], start: float, end: float) -> dict[str, Any]:
+def engine_block(scheds: list[EngineModel], start: float, end: float) -> dict[str, Any]:
     """What SGLang's decode log shows, read at decode steps after the warm-up (the largest
-    over the replicas; sums for the counters)."""
+    over the replicas; sums for the counters). vLLM's steps all carry the running decodes, so
+    every step but a prefill-only one counts there."""
     max_running = 0
     max_queue = 0
     peak_usage = 0.0
     for sched in scheds:
         for row in sched.log:
             t = float(row[0])  # type: ignore[arg-type]
-            if t < start or t > end or row[1] != "decode":
+            if t < start or t > end or row[1] == "prefill":
                 continue
             max_running = max(max_running, int(row[2]))  # type: ignore[call-overload]
             max_queue = max(max_queue, int(row[6]))  # type: ignore[call-overload]
@@ -240,15 +250,15 @@ def engine_block(scheds: list[Scheduler], start: float, end: float) -> dict[str,
         "max_running": max_running,
         "max_queue": max_queue,
         "peak_token_usage": round(peak_usage, 4),
-        "max_total_num_tokens": scheds[0].pool.capacity_tokens,
+        "max_total_num_tokens": scheds[0].capacity_tokens,
         "replicas": len(scheds),
         "num_retractions": sum(s.num_retractions for s in scheds),
         "cache_hit_rate": round(cached / max(1, prompt), 4),
-        "evicted_tokens": sum(s.tree.num_evicted_tokens for s in scheds),
+        "evicted_tokens": sum(s.num_evicted_tokens for s in scheds),
     }
 
 
-def gpu_block(spec: EngineSpec, scheds: list[Scheduler], start: float,
+def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
               end: float) -> dict[str, Any]:
     """The card's clock, temperature and power over the window, as telemetry samples at a
     fixed interval would show them: every figure is weighted by time (each step by the part
@@ -265,7 +275,13 @@ def gpu_block(spec: EngineSpec, scheds: list[Scheduler], start: float,
     span = max(end - start, 1e-9) * len(scheds)
     by_kind = {"prefill": 0.0, "decode": 0.0}
     for row, w in busy:
-        by_kind[str(row[1])] += w
+        if row[1] == "mixed":  # vLLM: decodes and prefill chunks, split by their tokens
+            p_tok, d_tok = float(row[3]), float(row[4])  # type: ignore[arg-type]
+            share = p_tok / (p_tok + d_tok) if p_tok + d_tok else 0.0
+            by_kind["prefill"] += w * share
+            by_kind["decode"] += w * (1.0 - share)
+        else:
+            by_kind[str(row[1])] += w
     busy_s = sum(by_kind.values())
     loaded_w = profile.idle_w + sum(
         w * (profile.phase_power_w(kind) - profile.idle_w) for kind, w in by_kind.items()) / span
@@ -328,7 +344,8 @@ def is_calibrated(spec: EngineSpec) -> bool:
 
 
 def target_block(spec: EngineSpec) -> dict[str, Any]:
-    block = {"engine": "twin", "engine_models": "sglang-0.5",
+    block = {"engine": "twin", "engine_models": ENGINE_MODEL_VERSIONS[spec.engine_model],
+             "engine_model": spec.engine_model,
              "chatfleet_version": __version__,
              "calibration": "calibrated" if is_calibrated(spec) else "uncalibrated",
              **spec.to_json()}

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from chatfleet.core.calibration import ThermalProfile
 
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode", "mixed")
 
 
 class ThermalState:
@@ -49,8 +49,10 @@ class ThermalState:
         """The recent work's power above idle at the loaded clock."""
         return self._excess_sum / self._weight_sum if self._weight_sum > 0 else 0.0
 
-    def advance(self, dt: float, utilization: float, kind: str = "prefill") -> None:
-        """Move `dt` seconds at busy share `utilization` (0..1) of `kind` work."""
+    def advance(self, dt: float, utilization: float, kind: str = "prefill",
+                prefill_share: float | None = None) -> None:
+        """Move `dt` seconds at busy share `utilization` (0..1) of `kind` work (a `mixed`
+        step gives the share of its tokens that are prefill)."""
         if dt <= 0:
             return
         if kind not in PHASES:
@@ -59,9 +61,10 @@ class ThermalState:
         busy = utilization > 0
         self.sm_mhz = self._next_mhz if busy else p.loaded_mhz
         self.slowdown = busy and self.sm_mhz < p.loaded_mhz
-        self.power_w = p.power_w(utilization, kind, self.sm_mhz)
+        self.power_w = p.power_w(utilization, kind, self.sm_mhz, prefill_share)
         keep = math.exp(-dt / p.mix_tau_s)
-        self._excess_sum = keep * self._excess_sum + (1 - keep) * p.excess_w(utilization, kind)
+        self._excess_sum = keep * self._excess_sum + (1 - keep) * p.excess_w(utilization, kind,
+                                                                       prefill_share)
         self._weight_sum = keep * self._weight_sum + (1 - keep)
         target = p.ambient_c + p.r_c_per_w * self.power_w
         self.temp_c = target + (self.temp_c - target) * math.exp(-dt / p.tau_s)
