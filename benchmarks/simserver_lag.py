@@ -144,9 +144,9 @@ class SimServer:
 
     def __init__(self, trace: Path, log: Path, pool_tokens: int | None,
                  profile: Path | None = None, uvloop: bool = False,
-                 cpus: set[int] | None = None) -> None:
+                 cpus: set[int] | None = None, time_scale: float = TIME_SCALE) -> None:
         args = ["simserver", "--weights", "fp8", "--kv-cache", "fp8", "--port", "0",
-                "--time-scale", str(TIME_SCALE), "--trace", str(trace)]
+                "--time-scale", str(time_scale), "--trace", str(trace)]
         if pool_tokens is not None:
             args += ["--pool-tokens", str(pool_tokens)]
         if uvloop:  # what-if: the same CLI with uvloop's event loop under asyncio.run

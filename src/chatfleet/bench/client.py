@@ -219,6 +219,8 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
                     record.outcome = "error"
                     record.error = f"malformed stream chunk: {data[:200]!r}"
                     return out
+                if record.response_id is None and isinstance(obj.get("id"), str):
+                    record.response_id = obj["id"]  # the engine's own id for the request
                 if "error" in obj and not obj.get("choices"):
                     record.outcome = "error"
                     record.error = str(obj["error"])[:500]
@@ -259,15 +261,24 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
     except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         record.outcome = "error"
         record.error = f"{type(exc).__name__}: {exc}"[:500]
+    except asyncio.CancelledError:
+        _keep_tokens(out, estimated)  # cut off (a drain limit): the tokens that came count
+        raise
     finally:
         if proto_key is not None and _ARRIVALS.get(proto_key) is stamps:
             del _ARRIVALS[proto_key]
+    _keep_tokens(out, estimated)
+    if record.outcome == "ok" and not out.chunk_times:
+        record.outcome = "error"
+        record.error = record.error or "the stream ended without a token"
+    return out
+
+
+def _keep_tokens(out: StreamOutcome, estimated: bool) -> None:
+    """The chunks read so far become the record's per-token times and counts."""
+    record = out.record
     if out.chunk_times:
         record.token_times = expand_chunks(None, out.chunk_times, out.chunk_tokens)
         record.first_token_time = out.chunk_times[0]
     record.output_tokens = sum(out.chunk_tokens)
     record.itl_estimated = estimated
-    if record.outcome == "ok" and not out.chunk_times:
-        record.outcome = "error"
-        record.error = record.error or "the stream ended without a token"
-    return out
