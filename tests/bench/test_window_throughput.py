@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from aiohttp import web
 
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
@@ -74,3 +75,51 @@ def test_output_tok_s_matches_the_servers_trace(tmp_path: Path) -> None:
     path = sweep_dir.write_records(0, res.records)
     stored = [orjson.loads(x) for x in path.read_bytes().splitlines()]
     assert [s["response_id"] for s in stored] == [r.response_id for r in res.records]
+
+
+async def slow_stream(request: web.Request) -> web.StreamResponse:
+    """A token every 20 ms, 1,000 of them: longer than any drain here."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for k in range(1, 1001):
+        chunk = {"id": "cmpl-slow", "object": "text_completion",
+                 "choices": [{"index": 0, "text": "x", "finish_reason": None}],
+                 "usage": {"prompt_tokens": 4, "completion_tokens": k}}
+        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await asyncio.sleep(0.02)
+    return resp
+
+
+@pytest.mark.timeout(60)
+def test_a_request_cut_off_at_the_drain_limit_keeps_its_tokens() -> None:
+    async def main() -> DriveResult:
+        app = web.Application()
+        app.router.add_post("/v1/completions", slow_stream)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            wl = Workload(WorkloadConfig(system_prompt_tokens=0,
+                                         lengths=LengthSpec("fixed", 4, 1000)),
+                          random.Random(0))
+            async with make_session() as session:
+                return await drive([url], ClosedLoop(wl, 1), completions_with_ids("m"),
+                                   window_end=0.2, drain_s=0.3, clock=Clock(),
+                                   session=session)
+        finally:
+            await runner.cleanup()
+
+    res = asyncio.run(main())
+    (rec,) = res.records
+    assert rec.outcome == "timeout"
+    assert rec.response_id == "cmpl-slow"
+    assert 5 <= len(rec.token_times) == rec.output_tokens < 1000
+    assert rec.first_token_time == rec.token_times[0]
+    # its tokens count where they arrived
+    point = summarize_point(res.records, load={"mode": "closed", "concurrency": 1},
+                            window=(0.0, 0.2), slo=SLO(), mode="closed", seed=0,
+                            flushed=False)
+    arrived = sum(1 for t in rec.token_times if t < 0.2)
+    assert arrived > 0 and point["output_tok_s"] == pytest.approx(arrived / 0.2)
