@@ -55,8 +55,46 @@ class Clock:
 # data_received runs as the socket is read: it stamps every SSE event in the bytes it gets, and
 # the stream reader takes those stamps in order. Installed once per process, used only by
 # responses that register themselves; anything unexpected falls back to the read time.
+#
+# The stamp is the time the loop's select() returned with the socket readable, not the time
+# data_received runs: in one loop iteration the read callbacks run after the task steps the
+# previous iteration woke (every stream's JSON handling) and after each other, so at 64+
+# streams the callback's own clock is late by all of that. The bytes were in the socket when
+# select() returned (bytes that land in the same socket while the iteration runs are rare: a
+# stream's next chunk is a decode step away).
 _ARRIVALS: dict[int, collections.deque[float | None]] = {}
 _installed = False
+
+
+class _StampedSelector:
+    """An event loop's selector that notes when each select() returned."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.returned_at = time.monotonic()
+
+    def select(self, timeout: float | None = None) -> Any:
+        events = self._inner.select(timeout)
+        self.returned_at = time.monotonic()
+        return events
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _stamp_selects(loop: asyncio.AbstractEventLoop) -> None:
+    """Wrap the running loop's selector (asyncio's selector loops; others keep the callback's
+    clock)."""
+    sel = getattr(loop, "_selector", None)
+    if sel is not None and not isinstance(sel, _StampedSelector):
+        loop._selector = _StampedSelector(sel)  # type: ignore[attr-defined]
+
+
+def _arrival_time(loop: asyncio.AbstractEventLoop | None) -> float:
+    sel = getattr(loop, "_selector", None)
+    if isinstance(sel, _StampedSelector):
+        return sel.returned_at
+    return time.monotonic()
 
 
 def _install_arrival_stamps() -> None:
@@ -72,7 +110,7 @@ def _install_arrival_stamps() -> None:
         if q is not None and data:
             n = data.count(b"data:")
             if n:
-                t = time.monotonic()
+                t = _arrival_time(getattr(self, "_loop", None))
                 q.extend([t] * n)
         original(self, data)
 
@@ -177,6 +215,7 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
     least one per chunk with text; when the final usage gives the true total, the difference
     goes to the last chunk. Either way the record is marked `itl_estimated`."""
     out = StreamOutcome(record, asked_tokens=payload.get("max_tokens"))
+    _stamp_selects(asyncio.get_running_loop())
     stamps: collections.deque[float | None] | None = None
     proto_key: int | None = None
     record.send_time = clock.now()
