@@ -4,6 +4,7 @@ Usage:
     .venv/bin/python benchmarks/harness_loop_lag.py [--users 64] [--time-scale 3]
         [--duration 30] [--warmup 10] [--repeat 3] [--lengths sharegpt|fixed]
         [--length-file FILE] [--turns 1] [--json FILE]
+        [--target URL --engine vllm --telemetry nvml --no-flush]
 
 Each repeat starts `chatfleet simserver` (L4 model, FP8 weights and KV cache) as a subprocess at
 `--time-scale k` (k times faster than the modelled L4, so a 64-user point streams about 1,000
@@ -11,7 +12,9 @@ output tokens per wall second, what vLLM did at 32-64 users on an H200), and run
 point of `chatfleet sweep` against it through `LiveSweep`, exactly as the CLI does: the chat API
 with real Qwen3 text of exact token counts (2,048-token shared system prompt, the ShareGPT length
 mix by default), the /metrics scraper every second, the token check. `--duration` and
-`--warmup` are wall seconds.
+`--warmup` are wall seconds. With `--target URL` the point runs against that engine instead
+(no simserver, no time scale): how the figures of docs/harness-accuracy.md against vLLM on the
+H200 were taken.
 
 Reported per repeat, and as medians over the repeats:
 - output tok/s per wall second, the window's loop-lag and send-lag p99 (what the sweep judges
@@ -68,7 +71,7 @@ class LoopHolds:
             if wall > SLOW_MS:
                 rows.append((describe(handle), wall, (time.thread_time() - c0) * 1000))
 
-        asyncio.events.Handle._run = run  # type: ignore[method-assign]
+        asyncio.events.Handle._run = run  # type: ignore[method-assign, assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -114,21 +117,26 @@ def workload(args: argparse.Namespace) -> WorkloadConfig:
 
 
 def run_once(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, Any]:
-    k = args.time_scale
-    srv = SimServer(workdir / f"trace-{seed}.jsonl", workdir / f"simserver-{seed}.log", None,
-                    time_scale=k)
-    url = srv.start()
+    srv: SimServer | None = None
+    if args.target is not None:  # a running engine: its own speed, no time scale
+        k, url, engine = 1.0, args.target, args.engine
+    else:
+        k, engine = args.time_scale, "simserver"
+        srv = SimServer(workdir / f"trace-{seed}.jsonl", workdir / f"simserver-{seed}.log",
+                        None, time_scale=k)
+        url = srv.start()
     try:
         cfg = LiveSweepConfig(
-            targets=[url], engine="simserver", model="qwen3-8b",
+            targets=[url], engine=engine, model=args.model,
             loads=[{"mode": "closed", "concurrency": args.users}], wcfg=workload(args),
             out=workdir / f"sweep-{seed}", duration_s=args.duration * k,
-            warmup_s=args.warmup * k, drain_s=120.0 * k, api="chat", telemetry="none",
-            seed=seed, save_records=False)
+            warmup_s=args.warmup * k, drain_s=120.0 * k, api="chat",
+            telemetry=args.telemetry, flush=args.flush, seed=seed, save_records=False)
         with LoopHolds() as holds:
             doc = asyncio.run(LiveSweep(cfg).run())
     finally:
-        srv.stop()
+        if srv is not None:
+            srv.stop()
     p = doc["points"][0]
     return {"seed": seed, "valid": p["valid"], "invalid_reason": p["invalid_reason"],
             "requests": p["requests"]["completed"],
@@ -155,6 +163,11 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--system-tokens", type=int, default=2048)
     ap.add_argument("--turns", type=int, default=1)
+    ap.add_argument("--target", help="a running engine's URL instead of a simserver")
+    ap.add_argument("--engine", default="vllm", help="with --target: its adapter")
+    ap.add_argument("--model", default="qwen3-8b", help="the served model name")
+    ap.add_argument("--telemetry", default="none", help="as chatfleet sweep --telemetry")
+    ap.add_argument("--no-flush", dest="flush", action="store_false")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     load = os.getloadavg()
