@@ -232,6 +232,18 @@ def test_the_scraper_parses_only_what_the_adapter_reads(sim: RunningServer) -> N
     assert "vllm:cache_config_info" in VLLMAdapter().scraped_metric_names()
 
 
+def test_vllms_own_page_reads_the_same_from_the_adapters_series() -> None:
+    """/metrics as vLLM 0.26.0 served it on the H200 (idle, random-weight Qwen3-8B): 559 lines,
+    nearly all histograms; the adapter reads 9 of them."""
+    text = (Path(__file__).parent / "data" / "vllm-0.26.0-metrics.txt").read_text()
+    adapter = VLLMAdapter()
+    whole = parse_prometheus(text)
+    picked = parse_prometheus(text, adapter.scraped_metric_names())
+    assert adapter.read_metrics(picked) == adapter.read_metrics(whole)
+    assert adapter.read_metrics(picked)["pool_tokens"] == 51099 * 16
+    assert len(list(picked)) == 9 and len(list(whole)) > 300
+
+
 def test_select_samples_matches_whole_names_only() -> None:
     from chatfleet.engines.prom import select_samples
 
