@@ -6,7 +6,8 @@ DIR/runs.jsonl                one finished run per line (a chatfleet.sweep/1 poi
 DIR/sweep.json                the chatfleet.sweep/1 document, rewritten atomically per run
 DIR/runs/NNN/telemetry.jsonl  GPU samples of run NNN
 DIR/runs/NNN/engine.jsonl     engine metric scrapes of run NNN
-DIR/runs/NNN/records.jsonl    every request of run NNN (token times included)
+DIR/runs/NNN/records.jsonl    every request of run NNN (token times and the engine's
+                              response id included)
 ```
 
 An interrupted sweep loses nothing that finished: `--resume` reads runs.jsonl and skips every
@@ -102,6 +103,7 @@ class SweepDir:
                     "send_time": r.send_time, "first_token_time": r.first_token_time,
                     "token_times": list(r.token_times), "prompt_tokens": r.prompt_tokens,
                     "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens,
-                    "outcome": r.outcome, "error": r.error,
+                    "outcome": r.outcome, "error": r.error, "response_id": r.response_id,
+                    "itl_estimated": r.itl_estimated,
                 }, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         return path

@@ -60,6 +60,8 @@ DCGM_SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
 DCGM_TEMP = "DCGM_FI_DEV_GPU_TEMP"
 DCGM_POWER = "DCGM_FI_DEV_POWER_USAGE"
 DCGM_REASONS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+# the only series parsed from the exporter's page (read 10 times a second, on the event loop)
+DCGM_NAMES = frozenset((DCGM_SM_CLOCK, DCGM_TEMP, DCGM_POWER, *DCGM_REASONS))
 
 
 class TelemetryError(Exception):
@@ -405,7 +407,7 @@ class JsonTelemetrySource(_HttpSource):
 def parse_dcgm(text_or_metrics: str | Metrics, gpu_index: int = 0) -> Reading:
     """One GPU's reading from a DCGM exporter's Prometheus text (series with gpu="N")."""
     m = (text_or_metrics if isinstance(text_or_metrics, Metrics)
-         else parse_prometheus(text_or_metrics))
+         else parse_prometheus(text_or_metrics, DCGM_NAMES))
     labels = {"gpu": str(gpu_index)}
     clock = m.value(DCGM_SM_CLOCK, labels, "first")
     temp = m.value(DCGM_TEMP, labels, "first")

@@ -29,7 +29,7 @@ import re
 import shlex
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -241,6 +241,7 @@ class EngineAdapter:
     flush_method: ClassVar[str] = "POST"
     flush_needs_verification: ClassVar[bool] = False
     metric_names: ClassVar[MetricNames] = MetricNames()
+    extra_metric_names: ClassVar[tuple[str, ...]] = ()  # others read_metrics reads
     has_metrics: ClassVar[bool] = True  # serves Prometheus /metrics
     cache_report_flag: ClassVar[str | None] = None  # the flag that makes cached_tokens appear
     accepts_ignore_eos: ClassVar[bool] = True  # ignore_eos and min_tokens
@@ -274,6 +275,12 @@ class EngineAdapter:
                                      probe_tokens=probe_tokens)
 
     # --- metrics ----------------------------------------------------------------------------
+    def scraped_metric_names(self) -> frozenset[str]:
+        """Every metric `read_metrics` reads: the scraper parses only these lines."""
+        names = {n for field_names in astuple(self.metric_names)
+                 for n in field_names}
+        return frozenset(names | set(self.extra_metric_names))
+
     def read_metrics(self, m: Metrics) -> dict[str, float | None]:
         """The harness's figures from one scrape: running, queue, token_usage, cache_hit_rate
         (None where the engine has no gauge: the scraper derives it from counter deltas) and the
