@@ -28,7 +28,7 @@ from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.fleet.admission import Decision, FleetRequest, retry_after
 from chatfleet.core.fleet.fleet import FleetTrace
 from chatfleet.core.fleet.prompt import PrefixCheck, canonicalize, describe
-from chatfleet.core.fleet.routing import is_returning, session_key
+from chatfleet.core.fleet.routing import SESSION_HEADER, is_returning, session_key
 from chatfleet.gateway import errors
 from chatfleet.gateway.config import ConfigError, GatewayConfig, KeyConfig, Overrides, load_config
 from chatfleet.gateway.fleet import DecisionLog, LiveFleet
@@ -42,6 +42,7 @@ from chatfleet.gateway.upstream import Exchange
 log = logging.getLogger("chatfleet.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:#-]{1,128}$")
 KEY = web.RequestKey("key", KeyConfig)
+MAX_JSON_DEPTH = 254  # arrays and objects; orjson reads 1,024 levels but writes only 254
 SWEEP_S = 0.5
 WATCH_S = 1.0
 MODELS_TTL_S = 30.0
@@ -212,6 +213,8 @@ class Gateway:
                 opts["include_usage"] = True
                 body = {**body, "stream_options": opts}
         key = request.get(KEY)
+        if not _is_utf8(request.headers.get(SESSION_HEADER, "")):
+            raise BadRequest(400, "X-Session-ID must be UTF-8 text", SESSION_HEADER)
         rid = request.headers.get("X-Request-ID") or body.get("rid") or ""
         if not isinstance(rid, str) or not _REQUEST_ID.match(rid) or rid in self._live_ids:
             rid = next_request_id()
@@ -283,6 +286,11 @@ class Gateway:
             raise BadRequest(400, f"the body is not valid JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise BadRequest(400, "the body must be a JSON object")
+        try:  # what cannot be written cannot be forwarded: refuse it before trying
+            orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:
+            raise BadRequest(400, f"the body is nested too deeply: at most {MAX_JSON_DEPTH} "
+                             "levels of arrays and objects") from exc
         return body
 
     async def models(self, request: web.Request) -> web.Response:
@@ -414,6 +422,16 @@ class Gateway:
                     self._watched.pop(token, None)
 
 
+def _is_utf8(header: str) -> bool:
+    """aiohttp decodes header bytes as UTF-8 with surrogateescape: bytes that are not UTF-8
+    come back as lone surrogates, which nothing downstream can encode."""
+    try:
+        header.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _bearer(request: web.Request) -> str:
     auth = request.headers.get("Authorization", "")
     scheme, _, token = auth.partition(" ")
@@ -425,11 +443,15 @@ def _bearer(request: web.Request) -> str:
 async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
     parts: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
+    try:
+        async for chunk in request.content.iter_chunked(65536):
+            size += len(chunk)
+            if size > limit:
+                return None
+            parts.append(chunk)
+    except web.RequestPayloadError as exc:  # a Content-Encoding that does not decode
+        raise BadRequest(400, "the body could not be decoded as its Content-Encoding "
+                         f"({request.headers.get('Content-Encoding', 'none')}) says") from exc
     return b"".join(parts)
 
 

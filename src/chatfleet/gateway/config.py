@@ -36,8 +36,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
 
 def hash_key(key: str) -> str:
-    """What the config file stores for an API key."""
-    return HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()
+    """What the config file stores for an API key. A header's bytes that are not UTF-8 (aiohttp
+    keeps them as surrogates) hash as they came: such a key never matches, and never raises."""
+    return HASH_PREFIX + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def key_matches(key: str, stored: str) -> bool:

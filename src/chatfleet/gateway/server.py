@@ -4,38 +4,17 @@ benchmarks (`serve_in_thread`)."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from chatfleet.gateway.app import Gateway
+from chatfleet.serverlog import quiet_bad_requests
 from chatfleet.threads import running_in_thread
 
 BACKLOG = 4096
-
-
-class QuietBadRequests(logging.Filter):
-    """aiohttp answers a malformed request (bad framing, a header too long, a bare LF) with
-    400 and logs it as an error with a traceback; it is the client's mistake, so log one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError):
-            record.msg = "bad request answered %s: %s"
-            record.args = (exc.code, str(exc.message).splitlines()[0] if exc.message else "")
-            record.exc_info = None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-        return True
-
-
-def quiet_bad_requests() -> None:
-    logger = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, QuietBadRequests) for f in logger.filters):
-        logger.addFilter(QuietBadRequests())
 
 
 @dataclass(slots=True)

@@ -90,7 +90,11 @@ class ReplicaApp:
 
     # --- parsing --------------------------------------------------------------------------
     async def _json(self, request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except web.RequestPayloadError:  # a Content-Encoding that does not decode
+            raise BadRequest("the body could not be decoded as its Content-Encoding ("
+                             f"{request.headers.get('Content-Encoding', 'none')}) says") from None
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
