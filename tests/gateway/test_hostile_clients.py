@@ -9,15 +9,20 @@ from pathlib import Path
 
 import orjson
 import pytest
+import redis
+import requests
 
+from chatfleet.core.fleet.session import entry_bytes
 from chatfleet.gateway.config import hash_key
 from chatfleet.gateway.state import MemoryState, RedisState, StateBackend
 from tests.gateway.conftest import Fake, gateway, gateway_config, raw_connection
 from tests.gateway.redis_server import redis_server
+from tests.gateway.test_relay import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 MSG = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4'
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 def post(headers: bytes, body: bytes) -> bytes:
@@ -113,3 +118,69 @@ def test_an_api_key_that_is_not_utf8_is_a_401(fakes2: list[Fake],
         status, _ = exchange(g.url, post(b"Authorization: Bearer good-key\r\n", MSG + b"}"))
         assert status == 200
     no_traceback(caplog)
+
+
+def test_client_chosen_session_keys_cost_bounded_memory(fakes2: list[Fake],
+                                                        tmp_path: Path) -> None:
+    """20 requests each with a 1 MB `user` and 20 with a 16 KB X-Session-ID: once about 1 MB
+    per session in the gateway's table and in Redis (20 MB each); now a short hash each."""
+    with redis_server(tmp_path) as (url, _):
+        r = redis.Redis.from_url(url)
+        before = int(r.info("memory")["used_memory"])
+        with gateway(gateway_config([f.url for f in fakes2]), state=RedisState(url)) as g:
+            for i in range(20):
+                sid = {"X-Session-ID": f"{i:02d}" + "s" * 16_000}
+                for extra in ({"json": {**CHAT, "user": f"{i:02d}" + "u" * 1_000_000}},
+                              {"json": CHAT, "headers": sid}):
+                    resp = requests.post(g.url + "/v1/chat/completions", timeout=30, **extra)
+                    assert resp.status_code == 200, resp.text
+            assert wait_for(lambda: len(list(r.scan_iter("chatfleet:session:*"))) == 40)
+            router = g.gateway.fleet.router
+            assert router is not None and len(router.sessions) == 40
+            page = requests.get(g.url + "/metrics", timeout=10).text
+        grown = int(r.info("memory")["used_memory"]) - before
+        keys = [k.decode() for k in r.scan_iter("chatfleet:session:*")]
+    assert grown < 1_000_000, f"Redis grew by {grown / 2**20:.1f} MiB"
+    assert max(len(k) for k in keys) <= len("chatfleet:session:") + 37
+    assert router.sessions.num_bytes <= 40 * entry_bytes("user#" + "0" * 32)
+    assert f"chatfleet_gateway_session_bytes {float(router.sessions.num_bytes)}" in page
+
+
+def test_redis_with_a_memory_cap_evicts_sessions_and_never_leases(tmp_path: Path) -> None:
+    """docs/gateway.md's recipe for the Redis session map: `--maxmemory` with the
+    volatile-lru policy. Sessions carry a TTL and leases do not, so only sessions are evicted:
+    100,000 sessions of the longest keys (about 20 MB) stay under an 8 MB cap, every lease
+    survives, and the newest sessions are found."""
+    import asyncio
+
+    cap = 8 * 1024 * 1024
+    key = "sid:" + "k" * 128  # the longest a session key gets (routing.session_key)
+    with redis_server(tmp_path, args=("--maxmemory", str(cap),
+                                      "--maxmemory-policy", "volatile-lru")) as (url, _):
+        r = redis.Redis.from_url(url)
+
+        async def gateway_calls(first: bool) -> tuple[dict[str, int], str | None]:
+            st = RedisState(url)
+            try:
+                if first:
+                    for i in range(8):
+                        assert await st.try_acquire(f"r{i % 2}", 4, f"lease-{i}")
+                await st.set_session(f"{key}-{first}", "r1", 600.0)
+                return (await st.counts(["r0", "r1"]), await st.get_session(f"{key}-{first}"))
+            finally:
+                await st.close()
+
+        asyncio.run(gateway_calls(True))
+        # the bulk, as set_session writes it (chatfleet:session:KEY, a TTL), pipelined
+        for start in range(0, 100_000, 5000):
+            with r.pipeline(transaction=False) as pipe:
+                for i in range(start, start + 5000):
+                    pipe.set(f"chatfleet:session:{key}{i:06d}", "r0", px=600_000)
+                pipe.execute()
+        counts, newest = asyncio.run(gateway_calls(False))
+        used = int(r.info("memory")["used_memory"])
+        evicted = int(r.info("stats")["evicted_keys"])
+        first = r.get(f"chatfleet:session:{key}000000")
+    assert counts == {"r0": 4, "r1": 4}  # every lease survived
+    assert newest == "r1" and first is None and evicted > 50_000
+    assert used <= cap, used

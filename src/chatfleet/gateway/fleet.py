@@ -261,16 +261,18 @@ class LiveFleet:
 
     # --- reads --------------------------------------------------------------------------------
     def gauges(self) -> Gauges:
-        sessions = 0
+        sessions = session_bytes = 0
         if self.router is not None:
             sessions = len(self.router.sessions)
+            session_bytes = self.router.sessions.num_bytes
         return Gauges(
             queue_depth=self.ac.queue_depth(),
             in_flight={n: self.ac.in_flight(n) for n in self.replicas},
             caps={n: r.cap for n, r in self.replicas.items()},
             healthy={n: r.serving for n, r in self.replicas.items()},
             sessions=sessions, routes={str(k): v for k, v in self.core.num_routes.items()},
-            state_up=int(self.state_up), others=dict(self.others))
+            state_up=int(self.state_up), others=dict(self.others),
+            session_bytes=session_bytes)
 
     def close(self) -> None:
         if self._timer is not None:

@@ -86,6 +86,7 @@ class Gauges:
     routes: dict[str, int]  # admissions by routing rule (core.fleet.Fleet.num_routes)
     state_up: int = 1  # 0 while the shared store is unreachable
     others: dict[str, int] = field(default_factory=dict)  # slots other gateways hold
+    session_bytes: int = 0  # the session table's size, as core/fleet/session.py counts it
 
 
 class _Collector:
@@ -134,6 +135,9 @@ class _Collector:
                                 value=g.queue_depth)
         yield GaugeMetricFamily(PREFIX + "sessions", "Live sessions in the session table.",
                                 value=g.sessions)
+        yield GaugeMetricFamily(PREFIX + "session_bytes", "Bytes the session table holds "
+                                "(key bytes + 300 per entry; bounded at 64 MiB).",
+                                value=g.session_bytes)
         yield GaugeMetricFamily(PREFIX + "state_up", "1 while the shared state store answers "
                                 "(always 1 with --state memory).", value=g.state_up)
         for name, values, doc in (
