@@ -184,3 +184,35 @@ def test_redis_with_a_memory_cap_evicts_sessions_and_never_leases(tmp_path: Path
     assert counts == {"r0": 4, "r1": 4}  # every lease survived
     assert newest == "r1" and first is None and evicted > 50_000
     assert used <= cap, used
+
+
+def test_no_prefix_oracle_unless_debug_headers_are_on(fakes2: list[Fake]) -> None:
+    """A header saying where a client's system prompt first differs from the configured one
+    lets the client recover that prompt byte by byte. Off unless an admin turned on
+    debug_headers; the mismatch still counts in the metric."""
+    secret = "You are the product. Internal code: 7F3A."
+    prompts = [secret, "You are the product. Internal code: 0", "Something else", None]
+
+    def answers(debug: bool) -> list[dict[str, str]]:
+        cfg = gateway_config([f.url for f in fakes2], debug_headers=debug,
+                             shared_prompt={"mode": "pass-through", "system": secret})
+        out = []
+        with gateway(cfg) as g:
+            for system in prompts:
+                msgs = [{"role": "user", "content": "q"}]
+                if system is not None:
+                    msgs.insert(0, {"role": "system", "content": system})
+                resp = requests.post(g.url + "/v1/chat/completions", timeout=30,
+                                     json={**CHAT, "messages": msgs})
+                assert resp.status_code == 200
+                out.append({k.lower(): v for k, v in resp.headers.items()
+                            if k.lower() not in ("date", "x-request-id")})
+            assert g.gateway.metrics.prefix_mismatches == 3
+        return out
+
+    quiet = answers(debug=False)
+    assert all(h == quiet[0] for h in quiet), quiet  # nothing tells the prompts apart
+    assert not any(k.startswith("x-chatfleet") for h in quiet for k in h)
+    loud = answers(debug=True)
+    assert [h["x-chatfleet-prefix"].split(";")[0] for h in loud] == [
+        "match", "mismatch", "mismatch", "mismatch"]

@@ -204,7 +204,7 @@ class Gateway:
             report = self.prefix.check(body)
             if report.checked and not report.matches:
                 self.metrics.prefix_mismatches += 1
-            if not report.matches or cfg.debug_headers:
+            if cfg.debug_headers:  # where a prompt differs tells a client the secret one
                 headers["x-chatfleet-prefix"] = describe(report)
         if stream:  # the answer's usage teaches the router the session's token counts
             opts = body.get("stream_options")
