@@ -75,6 +75,16 @@ class Timeouts:
     total_s: float = 900.0  # a whole request, queueing included
     client_body_s: float = 10.0  # reading the client's request body
     probe_s: float = 1.0  # one health probe
+    client_header_s: float = 10.0  # a request head, from its first byte to its end
+    client_idle_s: float = 30.0  # a client connection with no request in progress
+
+
+# (lowest, highest) a timeout may be set to; unlisted ones only need to be positive
+TIMEOUT_BOUNDS: dict[str, tuple[float, float]] = {
+    "client_header_s": (0.5, 300.0),
+    "client_idle_s": (1.0, 3600.0),
+}
+MAX_CONNECTIONS_BOUNDS = (16, 1_000_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +135,8 @@ class GatewayConfig:
     state: StateSettings = field(default_factory=StateSettings)
     shared_prompt: SharedPrompt = field(default_factory=SharedPrompt)
     served_model_name: str | None = None  # None: ask the replicas
+    # client connections open at once; None: from the descriptor limit (gateway/server.py)
+    max_connections: int | None = None
 
     def replica_cap(self, replica: ReplicaConfig) -> int:
         return self.cap if replica.cap is None else replica.cap
@@ -249,7 +261,8 @@ def _check_hash(value: object, where: str) -> str:
 
 TOP_KEYS = {"replicas", "cap", "queue_depth", "ttft_budget_s", "prefill_reserve_s",
             "prioritize_returning", "max_body_bytes", "debug_headers", "keys", "admin",
-            "timeouts", "health", "routing", "shared_prompt", "served_model_name", "state"}
+            "timeouts", "health", "routing", "shared_prompt", "served_model_name", "state",
+            "max_connections"}
 
 
 def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
@@ -269,7 +282,8 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
     _known(h_raw, "health", set(Health.__dataclass_fields__))
     _known(r_raw, "routing", set(Routing.__dataclass_fields__))
     td, hd, rd = Timeouts(), Health(), Routing()
-    timeouts = Timeouts(**{k: _num(t_raw, k, getattr(td, k), "timeouts")
+    timeouts = Timeouts(**{k: _bounded(_num(t_raw, k, getattr(td, k), "timeouts"),
+                                       TIMEOUT_BOUNDS.get(k), f"timeouts.{k}")
                            for k in Timeouts.__dataclass_fields__})
     health = Health(
         probe_interval_s=_num(h_raw, "probe_interval_s", hd.probe_interval_s, "health"),
@@ -308,8 +322,17 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
         debug_headers=_bool(raw, "debug_headers", d.debug_headers, "config"),
         keys=_keys(raw.get("keys")), admin_sha256=admin_hash, timeouts=timeouts,
         health=health, routing=routing, state=state, shared_prompt=shared,
-        served_model_name=_str(raw, "served_model_name", None, "config"))
+        served_model_name=_str(raw, "served_model_name", None, "config"),
+        max_connections=None if raw.get("max_connections") is None else _bounded(
+            _num(raw, "max_connections", 0, "config", integer=True), MAX_CONNECTIONS_BOUNDS,
+            "max_connections"))
     return check(cfg)
+
+
+def _bounded(value: Any, bounds: tuple[float, float] | None, where: str) -> Any:
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise ConfigError(f"{where}: must lie in [{bounds[0]:g}, {bounds[1]:g}], not {value!r}")
+    return value
 
 
 def check(cfg: GatewayConfig) -> GatewayConfig:
