@@ -216,3 +216,29 @@ def test_no_prefix_oracle_unless_debug_headers_are_on(fakes2: list[Fake]) -> Non
     loud = answers(debug=True)
     assert [h["x-chatfleet-prefix"].split(";")[0] for h in loud] == [
         "match", "mismatch", "mismatch", "mismatch"]
+
+
+def test_a_client_reset_during_the_body_read_is_one_log_line(
+        fakes2: list[Fake], caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+    import struct
+    import time
+
+    caplog.set_level(logging.INFO)
+    with gateway(gateway_config([f.url for f in fakes2])) as g:
+        host, port = g.url.removeprefix("http://").split(":")
+        for framing in (b"Content-Length: 100000\r\n\r\n", b"Transfer-Encoding: chunked\r\n\r\n"
+                        b"4000\r\n"):
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + framing
+                          + b'{"messages": [' + b" " * 1000)
+                time.sleep(0.3)  # the gateway is reading the body
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            assert wait_for(lambda: g.gateway.metrics.client_disconnects >= 1)
+        assert wait_for(lambda: g.gateway.metrics.client_disconnects == 2)
+        time.sleep(0.3)
+        assert requests.post(g.url + "/v1/chat/completions", json=CHAT,
+                             timeout=30).status_code == 200
+    no_traceback(caplog)
+    lines = [r.getMessage() for r in caplog.records if "left" in r.getMessage()]
+    assert len(lines) == 2 and all("\n" not in line for line in lines), lines

@@ -278,6 +278,11 @@ class Gateway:
                                          self.cfg.timeouts.client_body_s)
         except TimeoutError as exc:
             raise BadRequest(408, "the request body did not arrive in time") from exc
+        except ConnectionResetError as exc:  # nobody to answer: one line, no traceback
+            log.info("client %s left while sending its body (%s)", request.remote,
+                     type(exc).__name__)
+            self.metrics.client_left()
+            raise BadRequest(400, "the client went away before its body arrived") from exc
         if raw is None:
             raise BadRequest(413, f"the request body is larger than {limit} bytes")
         try:
