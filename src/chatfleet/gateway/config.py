@@ -348,6 +348,33 @@ def check(cfg: GatewayConfig) -> GatewayConfig:
     return cfg
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]
+    """YAML's safe loader, refusing a key that a mapping already has (YAML keeps the last one
+    silently: a second `timeouts:` once reset every other timeout)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str) and key in seen:
+                raise ConfigError(f"duplicate key {key!r} on line {line} (first on line "
+                                  f"{seen[key]}): YAML would keep only the last one")
+            if isinstance(key, str):
+                seen[key] = line
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"duplicate key {key!r}: JSON would keep only the last one")
+        out[key] = value
+    return out
+
+
 def load_config(path: Path | None) -> GatewayConfig:
     """The file's configuration (empty: the defaults). YAML, or JSON (a subset of YAML)."""
     if path is None:
@@ -357,7 +384,10 @@ def load_config(path: Path | None) -> GatewayConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        raw = (json.loads(text, object_pairs_hook=_unique_pairs) if path.suffix == ".json"
+               else yaml.load(text, Loader=_UniqueKeyLoader))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}:"
                           f" {exc}") from exc
