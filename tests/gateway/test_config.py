@@ -41,6 +41,7 @@ def test_the_documented_example_loads() -> None:
     ({"keys": [{"name": "a", "sha256": "plaintext-key"}]}, "plaintext keys"),
     ({"admin": {"sha256": "abc"}}, "sha256"),
     ({"timeouts": {"idle_s": 0}}, "positive"),
+    ({"timeouts": {"idle_s": 0.01}}, r"timeouts.idle_s: must lie in \[1, 3600\]"),
     ({"timeouts": {"client_header_s": 0.1}}, r"client_header_s: must lie in \[0.5, 300\]"),
     ({"timeouts": {"client_idle_s": 7200}}, r"client_idle_s: must lie in \[1, 3600\]"),
     ({"max_connections": 4}, r"max_connections: must lie in \[16, 1e\+06\]"),

@@ -81,6 +81,9 @@ class Timeouts:
 
 # (lowest, highest) a timeout may be set to; unlisted ones only need to be positive
 TIMEOUT_BOUNDS: dict[str, tuple[float, float]] = {
+    # the sweep that cuts idle streams runs every 0.5 s, and a prefill stalls every running
+    # stream of its engine for its whole length: below a second, healthy streams get cut
+    "idle_s": (1.0, 3600.0),
     "client_header_s": (0.5, 300.0),
     "client_idle_s": (1.0, 3600.0),
 }
