@@ -387,13 +387,16 @@ class Gateway:
         rep = self.fleet.replicas.get(name)
         if rep is None or self._session is None:
             return False
+        reason = ""
         try:
             async with self._session.get(rep.config.url + "/health") as r:
                 await r.read()
                 ok = r.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
+                reason = f"probe answered HTTP {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ok = False
-        self.fleet.report(name, ok, probe=True)
+            reason = f"probe failed: {type(exc).__name__}"
+        self.fleet.report(name, ok, probe=True, reason=reason)
         return ok
 
     async def _probe_all(self) -> None:
