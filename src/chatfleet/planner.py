@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet import __version__
-from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.build import EngineSpec, thermal_profile_of
+from chatfleet.core.engine.thermal import cooling_need
 from chatfleet.core.memory import PoolPlan, plan_pool
 from chatfleet.core.metrics import SCHEMA, SLO
 from chatfleet.core.plan import (
@@ -164,7 +165,9 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
     off (what the traffic alone does: the queue, the sheds) and on (what the clocks add),
     through a slice of the fleet: the gateway's own admission and routing in front, the engine
     guard set. The fleet is symmetric, so `doubling_replicas` replicas with their share of the
-    users stand for the whole."""
+    users stand for the whole. Each thermal-on run carries `cooling`: what its load (its mix
+    at the loaded clock, from the thermal-off run) asks of the cooling, and what the card
+    did under the modelled cooling."""
     assert fig.gateway_cap is not None
     k = max(1, min(replicas, req.doubling_replicas))
     budget = req.slo.ttft_ms / 1000.0
@@ -182,7 +185,7 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
                                 duration_s=req.doubling_hours * 3600.0, warmup_s=60.0,
                                 seed=req.seed + 1000 + factor, slo=req.slo).point
             r = p["requests"]
-            runs.append({
+            run: dict[str, Any] = {
                 "traffic": traffic, "thermal_model": thermal, "users_simulated": users,
                 "requests": r, "shed_share": round(r["shed"] / max(1, r["offered"]), 4),
                 "attainment": p["attainment"],
@@ -191,9 +194,31 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
                 "ttft_ms": p["ttft_ms"], "tpot_ms": p["tpot_ms"],
                 "gateway_queue_max": p["fleet"]["max_queue"],
                 "max_in_flight": p["fleet"]["max_in_flight"], "gpu": p["gpu"],
-            })
+            }
+            if thermal:
+                run["cooling"] = cooling_block(spec, runs[-1]["gpu"], p["gpu"])
+            runs.append(run)
     return {"hours": req.doubling_hours, "users": req.users, "doubled_users": 2 * req.users,
             "replicas": replicas, "replicas_simulated": k, "runs": runs}
+
+
+def cooling_block(spec: EngineSpec, cool: Mapping[str, Any],
+                  hot: Mapping[str, Any]) -> dict[str, Any]:
+    """The thermal verdict of one traffic level: the load's mix at the loaded clock (`cool`,
+    the thermal-off run's gpu block), what that asks of the modelled cooling, and what the
+    card did under it (`hot`, the thermal-on run's)."""
+    profile = thermal_profile_of(spec)
+    need = cooling_need(profile, cool["busy_share"], cool["prefill_share"] or 0.0)
+    return {
+        "profile": {"inlet_c": profile.ambient_c, "r_c_per_w": round(profile.r_c_per_w, 3),
+                    "tau_s": round(profile.tau_s, 1), "slowdown_c": profile.slowdown_c,
+                    "loaded_mhz": profile.loaded_mhz, "source": profile.source},
+        "busy_share": cool["busy_share"], "prefill_share": cool["prefill_share"],
+        **need.to_json(),
+        "held_clock": hot["thermal_slowdown_share"] == 0.0,
+        "slowdown_after_s": hot.get("slowdown_after_s"),
+        "settled_mhz": hot["sm_clock_mhz"]["p50"],
+    }
 
 
 def launch_commands(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan,

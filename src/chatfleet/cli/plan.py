@@ -172,13 +172,8 @@ def print_answer(doc: dict[str, Any]) -> None:
                   f"{g['sm_clock_mhz']['p50']:.0f}/{g['sm_clock_mhz']['min']:.0f}",
                   fmt(g["temp_c"]["max"], ".1f"), f"{g['thermal_slowdown_share']:.1%}")
     out.print(t)
-    hot = [r for r in d["runs"] if r["thermal_model"] and r["traffic"] == "target"]
-    if hot and (hot[0]["admitted_attainment"] or 0.0) < doc["slo"]["attainment"]:
-        out.print("  note: the thermal model (docs/calibration.md: fitted to one overload "
-                  "measurement, 35 C inlet) throttles a passively cooled L4 under any sustained "
-                  "full load; the knee holds only while the card stays under its slowdown "
-                  "temperature: record clocks in the pre-launch sweep (--telemetry nvml, "
-                  "--clock-floor)", highlight=False)
+    for line in cooling_lines(d):
+        out.print(line, highlight=False)
     out.print(f"host tier: {'HiCache on' if doc['host_tier']['enable'] else 'off'}: "
               f"{doc['host_tier']['why']}")
     for engine in ("sglang", "vllm"):
@@ -188,6 +183,57 @@ def print_answer(doc: dict[str, Any]) -> None:
             out.print(f"  note: {note}", highlight=False)
     out.print("\n[bold]gateway config:[/]")
     out.print(gateway_yaml(doc), highlight=False, soft_wrap=True)
+
+
+COLDEST_INLET_C = 18.0  # the low end of ASHRAE's recommended data-centre inlet range
+
+
+def cooling_lines(doubling: dict[str, Any]) -> list[str]:
+    """What the thermal-on runs say, in words a user can act on: whether the card holds its
+    clock at each traffic level under the modelled cooling, and if not, what would."""
+    hot = [r for r in doubling["runs"] if r.get("cooling")]
+    if not hot:
+        return []
+    prof = hot[0]["cooling"]["profile"]
+    hold = hot[0]["cooling"]["hold_w"]
+    lines = [f"thermal: the modelled cooling is fitted to the L4 overload measurement "
+             f"(docs/calibration.md): {prof['inlet_c']:g} C inlet, {prof['r_c_per_w']:.2f} C/W, "
+             f"so it sheds {hold:.1f} W at the {prof['slowdown_c']:g} C slowdown point"]
+    for r in hot:
+        c = r["cooling"]
+        mix = (f"its load draws {c['loaded_power_w']:.1f} W at {prof['loaded_mhz']:.0f} MHz "
+               f"(busy {c['busy_share']:.0%}, {c['prefill_share'] or 0:.0%} of that prefill; "
+               f"decode alone {c['decode_power_w']:.1f} W)")
+        head = f"  {r['traffic']} ({r['users_simulated']} users on the slice): "
+        if c["held_clock"]:
+            lines.append(head + f"holds its clock: {mix}, settling at "
+                         f"{c['steady_temp_c']:.0f} C.")
+            continue
+        after = c["slowdown_after_s"]
+        when = f"after {after / 60:.1f} min " if after is not None else ""
+        lines.append(head + f"throttles {when}to {c['settled_mhz']:.0f} MHz "
+                     f"({r['gpu']['thermal_slowdown_share']:.0%} of busy time in slowdown, "
+                     f"admitted attainment {fmt(r['admitted_attainment'], '.3f')}): {mix}.")
+        fixes = [f"cooling with at most {c['max_r_c_per_w']:.2f} C/W at a {prof['inlet_c']:g} C "
+                 f"inlet ({c['cooling_factor']:.1f}x better than modelled: more airflow "
+                 f"through the card)"]
+        if c["max_inlet_c"] >= COLDEST_INLET_C:
+            fixes.append(f"an inlet at or below {c['max_inlet_c']:.0f} C at the modelled cooling")
+        else:
+            fixes.append(f"no practical inlet does it at the modelled cooling (it would take "
+                         f"{c['max_inlet_c']:.0f} C)")
+        if c["decode_power_w"] <= hold:
+            fixes.append(f"a power limit of {hold:.0f} W (nvidia-smi -pl) keeps decode at full "
+                         f"speed and slows only prefill")
+        if c["max_busy_share"] < c["busy_share"]:
+            fixes.append(f"or the card busy at most {c['max_busy_share']:.0%} of the time (a "
+                         f"lower cap does not do it: these users send their next request at "
+                         f"once; with real think time, --turns and --think-time, the card "
+                         f"rests between turns)")
+        lines.append("    to hold the clock: " + "; ".join(fixes) + ".")
+    lines.append("  the cooling is one measured card's, yours decides: record clocks in the "
+                 "pre-launch sweep (chatfleet sweep --telemetry nvml --clock-floor MHZ).")
+    return lines
 
 
 def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: float | None,

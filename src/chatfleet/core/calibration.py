@@ -183,53 +183,152 @@ def step_constants(gpu: GPU, model: Model, prec: Precision,
 
 @dataclass(frozen=True, slots=True)
 class ThermalProfile:
-    """Cooling and clock behaviour of one card.
+    """Cooling, power and clock behaviour of one card (the model is in engine/thermal.py).
 
-    Assumptions (all cards): under load the card runs at `loaded_mhz`, the clock its power cap
-    allows; temperature follows dT/dt = (T_ambient + R * P - T) / tau; above `slowdown_c` the
-    driver lowers the SM clock until the power it draws holds the temperature there (HW thermal
-    slowdown). Power at utilisation u and SM clock f: P = idle_w + u * (cap_w - idle_w) * f /
-    loaded_mhz. Prefill (compute-bound) scales with the SM clock. Decode (memory-bound) keeps
-    its speed while the SM clock stays above `mem_bound_floor_mhz`; below it the SMs cannot
-    keep the memory system busy and decode slows in proportion.
+    Heat: dT/dt = (T_inlet + R * P - T) / tau, one thermal resistance R from the die to the
+    inlet air and one time constant tau (the heatsink's mass).
+
+    Power, by what the step does: P = idle + u * (P_phase - idle) * f / loaded_mhz, u the
+    share of the interval the card is busy, f the SM clock. At the loaded clock a prefill step
+    (compute-bound) draws the cap, a decode step (memory-bound) idle + decode_power_ratio *
+    (cap - idle).
+
+    Clock: under load the card runs at `loaded_mhz` (the clock its power cap allows). Once the
+    temperature reaches `slowdown_c` the driver lowers one clock for all work, to the clock at
+    which the recent work (its power at the loaded clock, averaged over `mix_tau_s`) draws
+    what the cooling sheds at the slowdown temperature, (slowdown_c - T_inlet) / R, never
+    below `min_mhz`; it holds the temperature there and lets the clock back up when the
+    recent work draws less than that at the loaded clock.
+
+    What the clock does to the work: prefill (compute-bound) takes loaded_mhz / f longer;
+    decode (memory-bound) keeps its speed while f stays above `mem_bound_floor_mhz` and slows
+    as floor / f below it.
     """
 
     gpu: str
-    ambient_c: float
+    ambient_c: float  # inlet air temperature
     idle_w: float
     cap_w: float
     loaded_mhz: float
     min_mhz: float
     slowdown_c: float
+    mix_tau_s: float
     r_c_per_w: float
     tau_s: float
     mem_bound_floor_mhz: float
+    decode_power_ratio: float
     source: str
 
+    def phase_power_w(self, kind: str) -> float:
+        """What a step of this kind draws at the loaded clock, busy throughout."""
+        if kind == "prefill":
+            return self.cap_w
+        return self.idle_w + self.decode_power_ratio * (self.cap_w - self.idle_w)
 
-def _l4_thermal() -> ThermalProfile:
-    """L4 (72 W, passive): fitted to docs/facts.md#l4-under-overload: under sustained overload a
-    measured L4 fell from 1,320 to 465 MHz with 70% of samples in thermal slowdown.
+    def power_w(self, utilization: float, kind: str, sm_mhz: float) -> float:
+        return self.idle_w + utilization * (self.phase_power_w(kind) - self.idle_w) * (
+            sm_mhz / self.loaded_mhz)
 
-    Steady state in slowdown: power(465 MHz, u=1) * R = slowdown - ambient fixes R.
-    Slowdown share: from a cool start (ambient + idle heating) the card spends 30% of a
-    300 s overload run heating up to the slowdown temperature, which fixes tau.
+    def excess_w(self, utilization: float, kind: str) -> float:
+        """What the work draws above idle at the loaded clock."""
+        return utilization * (self.phase_power_w(kind) - self.idle_w)
+
+    def hold_w(self) -> float:
+        """The power the cooling sheds at the slowdown temperature."""
+        return (self.slowdown_c - self.ambient_c) / self.r_c_per_w
+
+    def hold_clock(self, recent_excess_w: float) -> float:
+        """The clock at which work drawing `recent_excess_w` above idle at the loaded clock
+        draws the hold power (the loaded clock when it draws less)."""
+        if recent_excess_w <= 0:
+            return self.loaded_mhz
+        f = self.loaded_mhz * (self.hold_w() - self.idle_w) / recent_excess_w
+        return min(self.loaded_mhz, max(self.min_mhz, f))
+
+    def busy_power_w(self, prefill_share: float, sm_mhz: float) -> float:
+        """Mean power of a card busy all the time, `prefill_share` of it in prefill."""
+        return (prefill_share * self.power_w(1.0, "prefill", sm_mhz)
+                + (1.0 - prefill_share) * self.power_w(1.0, "decode", sm_mhz))
+
+
+# The L4 overload measurement (docs/facts.md#l4-under-overload): under a sustained open-loop
+# overload a measured L4 fell from 1,320 to 465 MHz with 70% of samples in thermal slowdown.
+L4_OVERLOAD_LOADED_MHZ = 1320.0
+L4_OVERLOAD_SETTLED_MHZ = 465.0
+L4_OVERLOAD_SLOWDOWN_SHARE = 0.70
+
+# ASSUMED until measured (NVML, decode-only against prefill-heavy load): what a decode step
+# draws above idle, as a share of what a prefill step draws above idle (the cap). Decode on an
+# L4 is weight-bandwidth bound (74-78% of 300 GB/s achieved): GDDR6 at ~7.5 pJ/bit moving
+# ~225 GB/s is ~13.5 W, and the SMs, stalled on memory in GEMV-shaped kernels, are taken at
+# about a third of their compute-bound power (~18 W of the ~51 W a prefill's GEMMs draw above
+# idle and memory traffic): (13.5 + 18) / 56 W = 0.56. Published phase-split measurements on
+# larger cards (Splitwise, Patel et al., ISCA 2024: the token phase draws well under TDP where
+# the prompt phase reaches it) agree in direction, not in an L4 figure.
+ASSUMED_DECODE_POWER_RATIO = 0.55
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadRun:
+    """The twin run that stands for the L4 overload measurement, and what the engine model
+    does in it. The fit reproduces the measurement in exactly this run: `chatfleet twin
+    sweep --concurrency '' --rate 4 --thermal` (BF16, the twin sweep's default workload:
+    2,048-token shared prompt, 512 in / 128 out fixed, 30 s warm-up, 300 s window), the card
+    cool (idle) at t = 0 and busy from the first arrival on.
+
+    `prefill_share_loaded` and `prefill_share_settled` are the shares of busy time spent in
+    prefill with the clock held at the loaded and at the settled clock, measured by the twin
+    (`tests/core/test_thermal.py::test_overload_prefill_shares_are_the_twins` measures them
+    again, so a change to the engine model that moves them fails there). They do not depend
+    on the power model: only on what the clock does to step times.
     """
-    ambient, idle_w, cap_w, loaded, slow, floor_mhz = 35.0, 16.0, 72.0, 1320.0, 87.0, 465.0
-    run_s, slowdown_share = 300.0, 0.70
-    p_floor = idle_w + (cap_w - idle_w) * floor_mhz / loaded
-    r = (slow - ambient) / p_floor
-    start = ambient + r * idle_w
-    final = ambient + r * cap_w
-    # T(t) = final - (final - start) * exp(-t / tau) reaches `slow` at t = (1-share) * run
-    t_hit = (1.0 - slowdown_share) * run_s
-    tau = t_hit / math.log((final - start) / (final - slow))
-    return ThermalProfile("l4", ambient, idle_w, cap_w, loaded, 210.0, slow, r, tau,
-                          mem_bound_floor_mhz=900.0,
-                          source="fitted to the L4 overload (docs/facts.md#l4-under-overload)")
+
+    weights: str = "bf16"
+    rate_rps: float = 4.0
+    warmup_s: float = 30.0
+    duration_s: float = 300.0
+    prefill_share_loaded: float = 0.231
+    prefill_share_settled: float = 0.282
 
 
-THERMAL_PROFILES: dict[str, ThermalProfile] = {"l4": _l4_thermal()}
+L4_OVERLOAD_RUN = OverloadRun()
+
+
+def fit_l4_thermal(decode_power_ratio: float = ASSUMED_DECODE_POWER_RATIO,
+                   run: OverloadRun = L4_OVERLOAD_RUN) -> ThermalProfile:
+    """The L4's thermal resistance and time constant, fitted so that the overload run gives
+    the L4 overload measurement under the phase power model, for any decode power ratio.
+
+    Assumed: 35 C inlet, 16 W idle, 72 W cap, the loaded clock 1,320 MHz (where the measured
+    card started), slowdown at 87 C, the driver's clock following the work of the last 30 s,
+    floor 210 MHz, decode memory-bound down to 900 MHz. Fitted:
+    - R: settled at 465 MHz, the card draws busy_power(prefill_share_settled, 465 MHz), which
+      holds it at the slowdown temperature: R = (slowdown - inlet) / that power.
+    - tau: from a cool start (inlet + R * idle) the card heats at the loaded clock towards
+      inlet + R * busy_power(prefill_share_loaded, 1,320 MHz) and must reach the slowdown
+      temperature when 30% of the window has passed (70% of the samples in slowdown).
+    """
+    if not 0.0 < decode_power_ratio <= 1.0:
+        raise ValueError("the decode power ratio must be in (0, 1]")
+    base = ThermalProfile(
+        "l4", ambient_c=35.0, idle_w=16.0, cap_w=72.0, loaded_mhz=L4_OVERLOAD_LOADED_MHZ,
+        min_mhz=210.0, slowdown_c=87.0, mix_tau_s=30.0, r_c_per_w=1.0, tau_s=1.0,
+        mem_bound_floor_mhz=900.0, decode_power_ratio=decode_power_ratio,
+        source=(f"fitted to the L4 overload measurement (fit_l4_thermal, decode power ratio "
+                f"{decode_power_ratio:g})"))
+    settled = L4_OVERLOAD_SETTLED_MHZ
+    r = ((base.slowdown_c - base.ambient_c)
+         / base.busy_power_w(run.prefill_share_settled, settled))
+    start = base.ambient_c + r * base.idle_w
+    final = base.ambient_c + r * base.busy_power_w(run.prefill_share_loaded, base.loaded_mhz)
+    if final <= base.slowdown_c:
+        raise ValueError("under this power model the overload never reaches slowdown")
+    t_hit = run.warmup_s + (1.0 - L4_OVERLOAD_SLOWDOWN_SHARE) * run.duration_s
+    tau = t_hit / math.log((final - start) / (final - base.slowdown_c))
+    return replace(base, r_c_per_w=r, tau_s=tau)
+
+
+THERMAL_PROFILES: dict[str, ThermalProfile] = {"l4": fit_l4_thermal()}
 
 
 def thermal_profile(gpu: GPU) -> ThermalProfile:
@@ -240,7 +339,8 @@ def thermal_profile(gpu: GPU) -> ThermalProfile:
     loaded = gpu.boost_mhz * 0.9
     r = (80.0 - 35.0) / gpu.power_w  # reaches 80 C at full power: below slowdown
     return ThermalProfile(gpu.name, 35.0, gpu.power_w * 0.15, gpu.power_w, loaded, 210.0, 87.0,
-                          r, 120.0, loaded * 0.5, source="generic, uncalibrated")
+                          30.0, r, 120.0, loaded * 0.5, ASSUMED_DECODE_POWER_RATIO,
+                          source="generic, uncalibrated")
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,8 +20,7 @@ from typing import IO, Any
 
 import orjson
 
-from chatfleet.core.calibration import thermal_profile
-from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.engine.build import EngineSpec, build_scheduler, thermal_profile_of
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Step
 from chatfleet.simserver.generation import Answer
@@ -123,7 +122,7 @@ class Replica:
         self._task: asyncio.Task[None] | None = None
         self._t0_wall = time.time()
         self._t0_mono = time.monotonic()
-        self.profile = thermal_profile(spec.gpu)
+        self.profile = thermal_profile_of(spec)
 
     # --- clocks ---------------------------------------------------------------------------
     def model_now(self) -> float:

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatfleet import __version__
-from chatfleet.core.calibration import thermal_profile
-from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.engine.build import EngineSpec, build_scheduler, thermal_profile_of
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.metrics import SLO, summarize_point
@@ -249,24 +248,77 @@ def engine_block(scheds: list[Scheduler], start: float, end: float) -> dict[str,
 
 def gpu_block(spec: EngineSpec, scheds: list[Scheduler], start: float,
               end: float) -> dict[str, Any]:
-    if scheds[0].thermal is None:
-        mhz = thermal_profile(spec.gpu).loaded_mhz
-        return {"sm_clock_mhz": {"p50": mhz, "min": mhz}, "temp_c": {"max": None},
-                "thermal_slowdown_share": 0.0, "modelled": True, "thermal_model": False}
+    """The card's clock, temperature and power over the window, as telemetry samples at a
+    fixed interval would show them: every figure is weighted by time (each step by the part
+    of its duration inside the window), clocks and slowdown over the time the card was busy.
+    `busy_share`, `prefill_share` (of the busy time) and the power the work draws at the
+    loaded clock come from the steps, with the thermal model on or off (the power model of
+    core/calibration.ThermalProfile). `slowdown_after_s`: the end of the first throttled step,
+    from the start of the run."""
+    profile = thermal_profile_of(spec)
     log = [r for s in scheds for r in s.log]
-    rows = [r for r in log if start <= float(r[0]) <= end]  # type: ignore[arg-type]
-    if not rows:
-        rows = log
-    clocks = sorted(float(r[9]) for r in rows)  # type: ignore[arg-type]
-    temps = [float(r[10]) for r in rows]  # type: ignore[arg-type]
-    slow = sum(1 for r in rows if r[12])
-    return {
-        "sm_clock_mhz": {"p50": round(clocks[len(clocks) // 2], 1), "min": round(clocks[0], 1)},
-        "temp_c": {"max": round(max(temps), 2)},
-        "thermal_slowdown_share": round(slow / len(rows), 4),
+    busy = weighted_rows(log, start, end)
+    if not busy:
+        busy = weighted_rows(log, float("-inf"), float("inf"))
+    span = max(end - start, 1e-9) * len(scheds)
+    by_kind = {"prefill": 0.0, "decode": 0.0}
+    for row, w in busy:
+        by_kind[str(row[1])] += w
+    busy_s = sum(by_kind.values())
+    loaded_w = profile.idle_w + sum(
+        w * (profile.phase_power_w(kind) - profile.idle_w) for kind, w in by_kind.items()) / span
+    block: dict[str, Any] = {
+        "busy_share": round(min(1.0, busy_s / span), 4),
+        "prefill_share": round(by_kind["prefill"] / busy_s, 4) if busy_s else None,
         "modelled": True,
+    }
+    if scheds[0].thermal is None:
+        mhz = profile.loaded_mhz
+        return {"sm_clock_mhz": {"p50": mhz, "min": mhz}, "temp_c": {"max": None},
+                "thermal_slowdown_share": 0.0, **block,
+                "power_w": {"mean": round(loaded_w, 2), "at_loaded_clock": round(loaded_w, 2)},
+                "slowdown_after_s": None, "thermal_model": False}
+    clocks = sorted((float(r[9]), w) for r, w in busy)  # type: ignore[arg-type]
+    slow_s = sum(w for r, w in busy if r[12])
+    energy = 0.0
+    for r, w in busy:
+        energy += float(r[11]) * w  # type: ignore[arg-type]
+    mean_w = (energy + profile.idle_w * max(0.0, span - busy_s)) / span
+    first_slow = min((float(r[0]) for r in log if r[12]), default=None)  # type: ignore[arg-type]
+    return {
+        "sm_clock_mhz": {"p50": round(weighted_median(clocks), 1),
+                         "min": round(clocks[0][0], 1)},
+        "temp_c": {"max": round(max(float(r[10]) for r, _ in busy), 2)},  # type: ignore[arg-type]
+        "thermal_slowdown_share": round(slow_s / busy_s, 4) if busy_s else 0.0,
+        **block,
+        "power_w": {"mean": round(mean_w, 2), "at_loaded_clock": round(loaded_w, 2)},
+        "slowdown_after_s": round(first_slow, 1) if first_slow is not None else None,
         "thermal_model": True,
     }
+
+
+def weighted_rows(log: list[tuple[object, ...]], start: float,
+                  end: float) -> list[tuple[tuple[object, ...], float]]:
+    """Each step row with the seconds of its step inside [start, end] (rows with none left
+    out)."""
+    out = []
+    for row in log:
+        t = float(row[0])  # type: ignore[arg-type]
+        w = min(t, end) - max(t - float(row[13]), start)  # type: ignore[arg-type]
+        if w > 0:
+            out.append((row, w))
+    return out
+
+
+def weighted_median(pairs: list[tuple[float, float]]) -> float:
+    """The value below which half the weight lies; `pairs` sorted by value."""
+    half = sum(w for _, w in pairs) / 2
+    acc = 0.0
+    for value, w in pairs:
+        acc += w
+        if acc >= half:
+            return value
+    return pairs[-1][0]
 
 
 def is_calibrated(spec: EngineSpec) -> bool:

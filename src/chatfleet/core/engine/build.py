@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chatfleet.core.calibration import Calibration, step_constants, thermal_profile
+from chatfleet.core.calibration import (
+    Calibration,
+    ThermalProfile,
+    step_constants,
+    thermal_profile,
+)
 from chatfleet.core.engine.scheduler import Scheduler, SchedulerConfig
 from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.engine.thermal import ThermalState
@@ -26,6 +31,7 @@ class EngineSpec:
     host_pool_tokens: int = 0
     thermal: bool = False
     calibration: Calibration | None = None
+    cooling: ThermalProfile | None = None  # replace the card's thermal profile (what-ifs)
 
     @property
     def is_calibrated(self) -> bool:
@@ -55,6 +61,11 @@ class EngineSpec:
         }
 
 
+def thermal_profile_of(spec: EngineSpec) -> ThermalProfile:
+    """The card's thermal profile, or the one the spec puts in its place."""
+    return spec.cooling or thermal_profile(spec.gpu)
+
+
 def step_time_model(spec: EngineSpec) -> StepTimeModel:
     """The deployment's step-time model (the gateway prices a spill with it)."""
     constants = step_constants(spec.gpu, spec.model, spec.precision, spec.calibration)
@@ -74,5 +85,5 @@ def build_scheduler(spec: EngineSpec) -> Scheduler:
         host_pool_tokens=spec.host_pool_tokens,
         context_length=spec.model.max_position_embeddings,
     )
-    thermal = ThermalState(thermal_profile(spec.gpu)) if spec.thermal else None
+    thermal = ThermalState(thermal_profile_of(spec)) if spec.thermal else None
     return Scheduler(cfg, step_model, thermal)

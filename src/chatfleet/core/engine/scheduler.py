@@ -104,7 +104,7 @@ class StepResult:
 # One log row per step, as SGLang's scheduler logs them.
 LOG_FIELDS = ("time", "kind", "batch", "prefill_tokens", "decode_tokens", "running", "queue",
               "token_usage", "cache_hit_rate", "sm_clock_mhz", "temp_c", "power_w",
-              "thermal_slowdown")
+              "thermal_slowdown", "step_s")
 
 
 class Scheduler:
@@ -497,7 +497,7 @@ class Scheduler:
             raise RuntimeError("no step is running")
         self.in_flight = None
         if self.thermal is not None:
-            self.thermal.advance(now - step.start, 1.0)
+            self.thermal.advance(now - step.start, 1.0, step.kind)
             self._busy_until = now
         result = StepResult(step)
         if step.kind == "prefill":
@@ -507,7 +507,7 @@ class Scheduler:
             result.retracted = self._pending_retracted
             self._pending_retracted = []
         if step.kind == "prefill":
-            self._log(step, now, self.token_usage())
+            self._log(step, now, self.token_usage(), step.duration)
         return result
 
     def _complete_prefill(self, step: Step, now: float, result: StepResult) -> None:
@@ -558,8 +558,10 @@ class Scheduler:
         n = step.num_decode
         cap = self.pool.capacity_tokens
         used = cap - self.free_tokens() - self.tree.evictable_size()
+        prev = step.start
         for j, t in enumerate(step.decode_ends):  # one log row per decode step, as SGLang's
-            self._log(step, t, (used - n * (k - 1 - j)) / cap)
+            self._log(step, t, (used - n * (k - 1 - j)) / cap, t - prev)
+            prev = t
         self.num_decode_steps += k
         self.step_end_times.extend(step.decode_ends)
         if not self.running:
@@ -593,7 +595,7 @@ class Scheduler:
         req.finish_time = now
         result.finished.append(req)
 
-    def _log(self, step: Step, now: float, usage: float) -> None:
+    def _log(self, step: Step, now: float, usage: float, step_s: float) -> None:
         hit = (self.num_prefill_cached_tokens / self.num_prefill_input_tokens
                if self.num_prefill_input_tokens else 0.0)
         th = self.thermal
@@ -602,7 +604,7 @@ class Scheduler:
             step.num_prefill_tokens, step.num_decode, len(self.running), step.num_waiting,
             usage, hit,
             th.sm_mhz if th else None, th.temp_c if th else None, th.power_w if th else None,
-            th.slowdown if th else False,
+            th.slowdown if th else False, step_s,
         ))
 
     # --- results -------------------------------------------------------------------------
