@@ -183,3 +183,15 @@ def test_health_answers_while_idle_sockets_would_take_every_descriptor(
         stop(proc)
     text = log.read_text()
     assert "Traceback" not in text and "Too many open files" not in text, text[-2000:]
+
+
+def test_a_reload_applies_the_idle_timeout_to_open_connections(
+        fakes2: list[Fake], sockets: list[socket.socket]) -> None:
+    urls = [f.url for f in fakes2]
+    with gateway(gateway_config(urls, timeouts={"client_idle_s": 600})) as g:
+        sockets.extend(connect(g.url) for _ in range(5))
+        time.sleep(1.5)
+        assert all(is_open(s) for s in sockets)
+        shorter = gateway_config(urls, timeouts={"client_idle_s": 1})
+        g.gateway.loop.call_soon_threadsafe(g.gateway.apply, shorter)
+        assert wait_for(lambda: not any(is_open(s) for s in sockets), 5)
