@@ -23,14 +23,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def redis_server(workdir: Path,
-                 port: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """(url, process) of a fresh redis-server with no persistence; stopped on exit."""
+def redis_server(workdir: Path, port: int | None = None, *,
+                 args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """(url, process) of a fresh redis-server with no persistence (and `args`, such as
+    ("--maxmemory", "4mb")); stopped on exit."""
     if REDIS is None:
         pytest.skip("redis-server is not installed (make test installs it as root)")
     port = port or free_port()
     proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(workdir)],
+                             "--appendonly", "no", "--dir", str(workdir), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         end = time.monotonic() + 10

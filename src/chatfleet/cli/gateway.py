@@ -61,6 +61,9 @@ def gateway(
 
     async def main() -> None:
         from chatfleet.gateway.server import start
+        from chatfleet.serverlog import setup_logging
+
+        setup_logging()
 
         running = await start(gw, host, port)
         out.print(running.url, highlight=False)

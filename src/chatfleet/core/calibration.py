@@ -291,15 +291,19 @@ L4_OVERLOAD_LOADED_MHZ = 1320.0
 L4_OVERLOAD_SETTLED_MHZ = 465.0
 L4_OVERLOAD_SLOWDOWN_SHARE = 0.70
 
-# ASSUMED until measured (NVML, decode-only against prefill-heavy load): what a decode step
-# draws above idle, as a share of what a prefill step draws above idle (the cap). Decode on an
-# L4 is weight-bandwidth bound (74-78% of 300 GB/s achieved): GDDR6 at ~7.5 pJ/bit moving
-# ~225 GB/s is ~13.5 W, and the SMs, stalled on memory in GEMV-shaped kernels, are taken at
-# about a third of their compute-bound power (~18 W of the ~51 W a prefill's GEMMs draw above
-# idle and memory traffic): (13.5 + 18) / 56 W = 0.56. Published phase-split measurements on
-# larger cards (Splitwise, Patel et al., ISCA 2024: the token phase draws well under TDP where
-# the prompt phase reaches it) agree in direction, not in an L4 figure.
-ASSUMED_DECODE_POWER_RATIO = 0.55
+# What a decode step draws above idle, as a share of what a prefill step draws above idle (the
+# cap). MEASURED on an H200 (NVML; benchmarks/device/phase_power.py, Qwen3-8B's weight GEMMs
+# as CUDA graphs; docs/device/h200-phase-power.json): idle 77.8 W; decode of 16 tokens 493.9 W
+# (weights streamed at 3.24 TB/s, tensor cores at 5% of peak); prefill of 4,096 tokens 691.8 W
+# (at the 700 W cap, 675 TFLOPS): r = (493.9 - 77.8) / (691.8 - 77.8) = 0.678. CARRIED to the
+# L4 at the same relative arithmetic intensity: the L4's decode at its knee (FP8, 24 running:
+# 48 flop/byte against its 807 ridge, 6%; BF16 at 7 running: 2%) sits where the H200's decode
+# of 16 tokens does (16 against 206, 8%), and memory traffic is about the same share of the
+# decode's power on both (HBM3e at ~4 pJ/bit moving 3.2 TB/s is ~100 W of the H200's 416 W;
+# GDDR6 at ~7.5 pJ/bit moving ~225 GB/s is ~13.5 W of the L4's 56 W). Not measured on an L4:
+# larger batches push r up fast (the H200's decode of 64 tokens gave 0.967), so a deployment
+# that decodes far more per step than the knee draws more than this.
+DECODE_POWER_RATIO = 0.678
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +332,7 @@ class OverloadRun:
 L4_OVERLOAD_RUN = OverloadRun()
 
 
-def fit_l4_thermal(decode_power_ratio: float = ASSUMED_DECODE_POWER_RATIO,
+def fit_l4_thermal(decode_power_ratio: float = DECODE_POWER_RATIO,
                    run: OverloadRun = L4_OVERLOAD_RUN) -> ThermalProfile:
     """The L4's thermal resistance and time constant, fitted so that the overload run gives
     the L4 overload measurement under the phase power model, for any decode power ratio.
@@ -373,7 +377,7 @@ def thermal_profile(gpu: GPU) -> ThermalProfile:
     loaded = gpu.boost_mhz * 0.9
     r = (80.0 - 35.0) / gpu.power_w  # reaches 80 C at full power: below slowdown
     return ThermalProfile(gpu.name, 35.0, gpu.power_w * 0.15, gpu.power_w, loaded, 210.0, 87.0,
-                          30.0, r, 120.0, loaded * 0.5, ASSUMED_DECODE_POWER_RATIO,
+                          30.0, r, 120.0, loaded * 0.5, DECODE_POWER_RATIO,
                           source="generic, uncalibrated")
 
 
