@@ -200,6 +200,36 @@ def _bad_files(tmp: Path) -> None:
     (tmp / "profile.json").write_text('{"schema": "not-a-profile"}')
     (tmp / "sweep.json").write_text('{"schema": "chatfleet.sweep/1", "target": {}, '
                                     '"points": []}')
+    # a sweep the plan can read, and copies of it each missing what the plan reads
+    ok = _sweep_doc()
+    (tmp / "sweep-ok.json").write_text(json.dumps(ok))
+    (tmp / "sweep-notarget.json").write_text(json.dumps(
+        {k: v for k, v in ok.items() if k != "target"}))
+    (tmp / "sweep-noweights.json").write_text(json.dumps({**ok, "target": {"gpu": "l4"}}))
+    (tmp / "sweep-points.json").write_text(json.dumps({**ok, "points": [{"load": "closed"}]}))
+    (tmp / "sweep-figures.json").write_text(json.dumps(
+        {**ok, "points": [{k: v for k, v in pt.items() if k != "goodput_rps"}
+                          for pt in ok["points"]]}))
+    (tmp / "sweep-knee.json").write_text(json.dumps({**ok, "knee": {"meets": 3, "fails": 4}}))
+    (tmp / "accuracy.json").write_text(json.dumps(
+        {"schema": "chatfleet.accuracy/1", "targets": {"bf16": 0.9}}))
+    (tmp / "profile-nocal.json").write_text('{"schema": "chatfleet.profile/1", "gpu": "l4"}')
+    (tmp / "trace-huge.jsonl").write_text('{"session": 1, "turn": 0, "time": 0, '
+                                          '"prompt_tokens": 100000000000}\n')
+
+
+def _sweep_doc() -> dict[str, object]:
+    """The smallest chatfleet.sweep/1 document with what the plan reads: two closed-loop
+    points with their figures, the knee at the first."""
+    def point(users: int) -> dict[str, object]:
+        return {"load": {"mode": "closed", "concurrency": users}, "valid": True,
+                "goodput_rps": 1.0, "output_tok_s": 40.0, "ttft_ms": {"p50": 200, "p99": 400},
+                "tpot_ms": {"p50": 50, "p99": 60}}
+
+    return {"schema": "chatfleet.sweep/1", "target": {"gpu": "l4", "weights": "bf16",
+                                                      "kv_cache": "bf16"},
+            "workload": {}, "slo": {}, "points": [point(1), point(2)],
+            "knee": {"meets": 1, "fails": 2}, "knee_rate": {"meets": None, "fails": None}}
 
 
 @pytest.mark.parametrize(
@@ -207,7 +237,7 @@ def _bad_files(tmp: Path) -> None:
     [
         (("twin", "sweep", "--itl-stat", "median"), "itl_stat must be one of"),
         (("twin", "sweep", "--attainment", "0"), "attainment must be in (0, 1]"),
-        (("twin", "sweep", "--max-running-requests", "0"), "max_running_requests must be"),
+        (("twin", "sweep", "--max-running-requests", "0"), "the engine cap must be at least 1"),
         (("twin", "sweep", "--schedule-policy", "sjf"), "unknown schedule policy 'sjf'"),
         (("twin", "sweep", "--cap-margin", "-1"), "cap_margin_steps must be >= 0"),
         (("twin", "sweep", "--cap", "4", "--hop-ms", "-1"), "hop_s must not be negative"),
@@ -226,8 +256,60 @@ def _bad_files(tmp: Path) -> None:
           "--out", "{tmp}/s", "--telemetry", "thermometer"), "unknown telemetry source"),
         (("gateway", "--replica", "http://127.0.0.1:9", "--cap", "4", "--state", "etcd"),
          "--state must be memory or redis"),
+        # sweep documents missing what the plan and the fit read: one line, not a KeyError
+        (("plan", "--users", "10", "--sweep", "{tmp}/sweep-notarget.json"),
+         "target.weights and target.kv_cache are needed"),
+        (("plan", "--users", "10", "--sweep", "{tmp}/sweep-noweights.json"),
+         "target.weights and target.kv_cache are needed"),
+        (("plan", "--users", "10", "--sweep", "{tmp}/sweep-points.json"),
+         "a sweep point needs a load"),
+        (("plan", "--users", "10", "--sweep", "{tmp}/sweep-figures.json"),
+         "goodput_rps, output_tok_s, ttft_ms and tpot_ms (p50, p99) must be numbers"),
+        (("plan", "--users", "10", "--sweep", "{tmp}/sweep-knee.json", "--cap-margin", "1"),
+         "knee.meets 3 is not one of its valid closed-loop points"),
+        (("plan", "--users", "10", "--sweep", "{tmp}/binary.dat"), "not UTF-8 text"),
+        (("plan", "--users", "10", "--sweep", "{tmp}/sweep-ok.json", "--accuracy",
+          "{tmp}/accuracy.json"), "every target must be an object"),
+        (("twin", "calibrate", "--from", "{tmp}/sweep-points.json", "--out", "{tmp}/p.json"),
+         "a sweep point needs a load"),
+        (("twin", "calibrate", "--from", "{tmp}/sweep-ok.json", "--out", "{tmp}/p.json",
+          "--gemm-eff", "0"), "--gemm-eff 0.0: a share of the card's peak FLOPS"),
+        # sizes that would make the work unbounded (memory, time) or mean nothing
+        (("plan", "--users", "2000000"), "at most 1,000,000"),
+        (("plan", "--users", "10", "--engine-model", "vllm", "--eviction", "lfu"),
+         "--eviction lfu is SGLang's radix policy"),
+        (("twin", "sweep", "--rate", "inf"), "every --rate must be a positive number"),
+        (("twin", "sweep", "--rate", "1", "--arrival", "gamma:nan"),
+         "the gamma burstiness must be a positive number"),
+        (("twin", "sweep", "--pool-tokens", "0"), "the KV pool must hold at least one token"),
+        (("twin", "sweep", "--engine-model", "vllm", "--max-running-requests", "0"),
+         "the engine cap must be at least 1"),
+        (("twin", "sweep", "--replicas", "0"), "--replicas and --cap must be at least 1"),
+        (("twin", "sweep", "--cap", "0"), "--replicas and --cap must be at least 1"),
+        (("cache", "--trace", "{tmp}/trace-huge.jsonl"), "more than the model's context"),
+        (("cache", "--user-tokens", "100000000"), "--user-tokens 100000000 is more than"),
+        # files that are folders, folders that are files, profiles without their constants
+        (("twin", "sweep", "--lengths", "file", "--length-file", "{tmp}"),
+         "is a folder: give the path of a file"),
+        (("twin", "sweep", "--profile", "{tmp}/profile-nocal.json"), "no 'calibration' object"),
+        (("cache", "--trace", "{tmp}"), "is a folder: give the path of a file"),
+        # outputs that cannot be written are refused before the work, not after it
+        (("plan", "--users", "10", "--sweep", "{tmp}/sweep-ok.json", "--out", "{tmp}"),
+         "is a folder: give the path of a file"),
+        (("twin", "sweep", "--json", "{tmp}"), "is a folder: give the path of a file"),
+        (("cache", "--out", "{tmp}/binary.dat/c.json"), "binary.dat is a file, not a folder"),
+        (("demo", "--out", "{tmp}/binary.dat"), "is a file, not a folder: give a folder"),
+        (("accuracy", "--target", "a=http://127.0.0.1:9", "--out", "{tmp}"),
+         "is a folder: give the path of a file"),
+        (("sweep", "--target", "http://127.0.0.1:9", "--engine", "simserver", "--model", "m",
+          "--lengths", "fixed", "--out", "{tmp}/binary.dat"), "is a file, not a folder"),
+        # a target that answers nothing: one line before the sweep, not a sweep of failures
+        (("sweep", "--target", "http://127.0.0.1:9", "--engine", "simserver", "--model", "m",
+          "--lengths", "fixed", "--concurrency", "1", "--duration", "2", "--warmup", "0",
+          "--out", "{tmp}/s"), "cannot reach --target http://127.0.0.1:9"),
     ],
 )
+@pytest.mark.timeout(60)
 def test_bad_input_anywhere_is_one_error_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
                                                          message: str) -> None:
     _bad_files(tmp_path)
@@ -237,6 +319,63 @@ def test_bad_input_anywhere_is_one_error_line_and_exit_2(tmp_path: Path, args: t
     assert out.count("error:") == 1, out
     assert message in out.partition("error:")[2]
     assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("args", [
+    ("plan", "--users", "10", "--duration", "nan"),
+    ("twin", "sweep", "--concurrency", "1", "--duration", "5", "--warmup", "0",
+     "--think-time", "inf"),
+    ("twin", "sweep", "--concurrency", "1", "--cap", "4", "--hop-ms", "nan"),
+    ("twin", "calibrate", "--from", "{tmp}/x.json", "--out", "{tmp}/p.json", "--gemm-eff",
+     "nan"),
+    ("cache", "--sessions", "4", "--arrival-gap", "-inf"),
+    ("demo", "--no-live", "--out", "{tmp}/demo", "--live-seconds", "nan"),
+    ("sweep", "--target", "http://127.0.0.1:9", "--engine", "simserver", "--model", "m",
+     "--out", "{tmp}/s", "--duration", "inf"),
+])
+@pytest.mark.timeout(60)
+def test_a_float_flag_given_nan_or_inf_is_a_usage_error(tmp_path: Path,
+                                                        args: tuple[str, ...]) -> None:
+    """Every command's float flags take numbers only: nan and inf, which the flag parser
+    takes as floats, are refused before the command runs."""
+    res = runner.invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "is not a finite number" in " ".join(res.output.split())
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.timeout(60)
+def test_a_live_sweep_of_a_server_that_is_not_an_engine_is_refused_before_it_runs(
+        tmp_path: Path) -> None:
+    """A target that answers 404 for /v1/models (a wrong port or path) once ran a whole
+    sweep of failed requests and exited 0."""
+    from tests.processes import not_an_engine
+
+    with not_an_engine() as url:
+        code, out = run("sweep", "--target", url, "--engine", "simserver", "--model", "m",
+                        "--lengths", "fixed", "--concurrency", "1", "--duration", "2",
+                        "--warmup", "0", "--out", str(tmp_path / "s"))
+    text = " ".join(out.split())
+    assert code == 2, out
+    assert text.count("error:") == 1 and "answers 404 for /v1/models" in text, text
+    assert not (tmp_path / "s" / "runs.jsonl").exists()
+
+
+def test_clean_errors_turns_a_path_the_user_gave_into_one_line() -> None:
+    """An OSError about a file (a folder given as a file, a file in the path) is the user's
+    input; one without a file name (a socket's) is not, and keeps its traceback."""
+    import typer
+
+    from chatfleet.cli.common import clean_errors
+
+    for exc in (IsADirectoryError(21, "Is a directory", "/tmp/x"),
+                NotADirectoryError(20, "Not a directory", "/etc/hosts/x"),
+                PermissionError(13, "Permission denied", "/root/x")):
+        with pytest.raises(typer.Exit) as exit_info, clean_errors():
+            raise exc
+        assert exit_info.value.exit_code == 2
+    with pytest.raises(ConnectionRefusedError), clean_errors():
+        raise ConnectionRefusedError(111, "Connection refused")
 
 
 def test_a_value_error_that_is_not_bad_input_keeps_its_traceback(

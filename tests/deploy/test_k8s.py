@@ -229,6 +229,37 @@ def test_bad_input_exits_2_with_a_message(tmp_path: Path, args: list[str],
     assert "Traceback" not in res.output
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\x7fELF\x02\x01\x01\x00\xd0\x9f\xff", "not UTF-8 text"),
+    (b"launch: [python]\n", "is not valid JSON"),
+    (b"[1, 2, 3]", "the top level must be an object"),
+    (b'{"schema": "chatfleet.sweep/1", "points": []}', "missing launch.sglang.argv"),
+])
+def test_a_plan_file_that_is_not_a_plan_is_one_line(tmp_path: Path, content: bytes,
+                                                    message: str) -> None:
+    """A binary, non-JSON or wrong-schema --plan file is one line and exit 2 (a binary one
+    was a UnicodeDecodeError traceback), and nothing is written."""
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(content)
+    res = CliRunner().invoke(app, ["deploy", "k8s", "--plan", str(plan), "--out",
+                                   str(tmp_path / "out")])
+    assert res.exit_code == 2, (res.output, res.exception)
+    text = " ".join(res.output.split())
+    assert text.count("error:") == 1 and message in text, text
+    assert "Traceback" not in res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_writing(tmp_path: Path) -> None:
+    target = tmp_path / "taken"
+    target.write_text("keep me")
+    res = CliRunner().invoke(app, ["deploy", "k8s", "--cap", "8", "--weights", "fp8",
+                                   "--kv-cache", "fp8", "--out", str(target)])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "is a file, not a folder" in " ".join(res.output.split())
+    assert target.read_text() == "keep me"
+
+
 def test_plan_and_flags_together_are_refused(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(PLAN))

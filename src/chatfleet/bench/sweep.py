@@ -46,6 +46,7 @@ from chatfleet.core.workload import (
     driver_for,
 )
 from chatfleet.engines import EngineAdapter, FlushVerdict, flush_and_verify, get_adapter
+from chatfleet.engines.base import HTTP_TIMEOUT_S
 
 FLUSH_TRIES = 3
 FLUSH_RETRY_S = 2.0
@@ -132,10 +133,8 @@ class LiveSweep:
         c = self.cfg
         infos = []
         for url in c.targets:
-            try:
-                infos.append(await self.adapter.server_info(session, url))
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise ChatfleetError(f"cannot reach the target {url}: {exc}") from exc
+            await check_reachable(session, url)
+            infos.append(await self.adapter.server_info(session, url))
         info = infos[0] if infos else {}
         self.time_scale = float(info.get("time_scale") or 1.0)
         self.target = {
@@ -400,6 +399,26 @@ class Shaped:
 
 def _value(load: dict[str, Any]) -> float:
     return float(load["concurrency"] if load["mode"] == "closed" else load["rate_rps"])
+
+
+async def check_reachable(session: aiohttp.ClientSession, url: str) -> None:
+    """A target that does not answer HTTP (refused, unknown host, silent), or answers that it
+    has no /v1/models (not an OpenAI-compatible server: a wrong port or path), is bad input:
+    one line before the sweep starts, not a sweep of failed requests. Any other answer will do
+    (a server still loading its model may answer 500 or 503 there)."""
+    try:
+        async with session.get(url + "/v1/models",
+                               timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)) as resp:
+            await resp.read()
+            status = resp.status
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        why = str(exc) or type(exc).__name__
+        raise ChatfleetError(f"cannot reach --target {url}: {why} (is the engine up and "
+                             "listening there?)") from None
+    if status == 404:
+        raise ChatfleetError(f"--target {url} answers 404 for /v1/models: not an "
+                             "OpenAI-compatible server (give the engine's base URL, without "
+                             "/v1)")
 
 
 def median(values: list[float]) -> float | None:

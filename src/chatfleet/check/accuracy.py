@@ -188,19 +188,24 @@ class AnswerRow:
 
 
 async def probe(session: aiohttp.ClientSession, target: Target) -> str | None:
-    """GET /v1/models: the first model id (None if it lists none); unreachable raises."""
+    """GET /v1/models: the first model id (None if it lists none); unreachable, or a 404
+    there (not an OpenAI-compatible server), raises."""
+    status = 0
     try:
         async with session.get(target.url + "/v1/models",
                                timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-            if resp.status != 200:
-                return None
-            body = await resp.json(content_type=None)
+            status = resp.status
+            body = await resp.json(content_type=None) if status == 200 else None
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         why = str(exc) or type(exc).__name__
         raise AccuracyInputError(f"target {target.name} ({target.url}) is unreachable: "
                                  f"{why}") from None
     except ValueError:
         return None
+    if status == 404:  # a wrong port or path: every question would fail
+        raise AccuracyInputError(f"target {target.name} ({target.url}) answers 404 for "
+                                 "/v1/models: not an OpenAI-compatible server (give its base "
+                                 "URL, without /v1)")
     data = body.get("data") if isinstance(body, dict) else None
     if isinstance(data, list) and data and isinstance(data[0], dict):
         mid = data[0].get("id")

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from chatfleet.cli.common import (
+    check_output_file,
     clean_errors,
     console,
     fail,
@@ -95,6 +96,7 @@ def accuracy(
             fail(f"--thinking must be one of {', '.join(THINKING_CHOICES)}")
         if resume and out_file is None:
             fail("--resume needs --out FILE")
+        check_output_file(out_file, "--out")
         if engine.strip().lower() not in ("sglang", "vllm"):
             fail("--engine must be sglang or vllm")
         adapter = get_adapter(engine)

@@ -8,6 +8,7 @@ from chatfleet import __version__
 from chatfleet.cli.accuracy import accuracy
 from chatfleet.cli.agent import telemetry_agent
 from chatfleet.cli.cache import cache
+from chatfleet.cli.common import Command
 from chatfleet.cli.demo import demo
 from chatfleet.cli.deploy import deploy_app
 from chatfleet.cli.gateway import gateway
@@ -25,17 +26,17 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("demo")(demo)
-app.command("plan")(plan)
-app.command("simserver")(simserver)
-app.command("sweep")(sweep)
-app.command("gateway")(gateway)
-app.command("report")(report)
-app.command("telemetry-agent")(telemetry_agent)
-app.command("cache")(cache)
-app.command("accuracy")(accuracy)
+app.command("demo", cls=Command)(demo)
+app.command("plan", cls=Command)(plan)
+app.command("simserver", cls=Command)(simserver)
+app.command("sweep", cls=Command)(sweep)
+app.command("gateway", cls=Command)(gateway)
+app.command("report", cls=Command)(report)
+app.command("telemetry-agent", cls=Command)(telemetry_agent)
+app.command("cache", cls=Command)(cache)
+app.command("accuracy", cls=Command)(accuracy)
 app.add_typer(twin_app, name="twin")
-app.command("launch")(launch)
+app.command("launch", cls=Command)(launch)
 app.add_typer(deploy_app, name="deploy")
 
 

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from chatfleet.cli.common import (
+    check_output_file,
     clean_errors,
     console,
     fail,
@@ -78,17 +79,23 @@ def parse_policies(text: str) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _int_field(rec: dict[str, Any], key: str, where: str, minimum: int) -> int:
+def _int_field(rec: dict[str, Any], key: str, where: str, minimum: int,
+               maximum: int | None = None) -> int:
     v = rec[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ChatfleetError(f"{where}: {key!r} must be an integer >= {minimum}, got {v!r}")
+    if maximum is not None and v > maximum:
+        raise ChatfleetError(f"{where}: {key!r} is {v} tokens, more than the model's context "
+                             f"of {maximum}")
     return v
 
 
-def load_trace_file(path: Path, shared_prefix_tokens: int,
-                    default_answer_tokens: int) -> list[Turn]:
+def load_trace_file(path: Path, shared_prefix_tokens: int, default_answer_tokens: int,
+                    context_tokens: int | None = None) -> list[Turn]:
     """JSON Lines, one turn a line: session, turn, time (s), prompt_tokens (ids, or a count)
-    or text, optional output_tokens. See docs/cache.md for how counts become token ids."""
+    or text, optional output_tokens. See docs/cache.md for how counts become token ids. A
+    count above `context_tokens` (the model's context) is refused: no engine serves it, and
+    its ids would have to be made."""
     if not path.exists():
         raise FileNotFoundError(2, "no such file", str(path))
     rows: list[tuple[str, int, float, Any, int | None]] = []
@@ -111,7 +118,7 @@ def load_trace_file(path: Path, shared_prefix_tokens: int,
             if ident in seen:
                 raise ChatfleetError(f"{where}: session {session!r} turn {turn} appears twice")
             seen.add(ident)
-            out_tokens = (_int_field(rec, "output_tokens", where, 1)
+            out_tokens = (_int_field(rec, "output_tokens", where, 1, context_tokens)
                           if rec.get("output_tokens") is not None else None)
             prompt: Any
             if "prompt_tokens" in rec:
@@ -123,7 +130,7 @@ def load_trace_file(path: Path, shared_prefix_tokens: int,
                                              "list of token ids (integers >= 0) or a count")
                     prompt = array("q", p)
                 else:
-                    prompt = _int_field(rec, "prompt_tokens", where, 1)
+                    prompt = _int_field(rec, "prompt_tokens", where, 1, context_tokens)
             elif "text" in rec:
                 if not isinstance(rec["text"], str) or not rec["text"]:
                     raise ChatfleetError(f"{where}: 'text' must be a non-empty string")
@@ -234,14 +241,21 @@ def cache(
     policies = parse_policies(policy)
     hosts = parse_sizes(host_pool_tokens, "--host-pool-tokens", allow_zero=True)
     with clean_errors():
+        check_output_file(out_path, "--out")
         spec = EngineSpec(gpu=load_gpu(gpu), model=load_model(model),
                           precision=precision(weights, kv_cache))
         step_model = step_time_model(spec)
         card_pool = spec.pool_plan().kv_pool_tokens
+        context = spec.model.max_position_embeddings
+        for flag, tokens in (("--system-prompt-tokens", system_prompt_tokens),
+                             ("--user-tokens", user_tokens), ("--answer-tokens", answer_tokens)):
+            if tokens > context:  # no engine serves it, and its token ids would be made
+                fail(f"{flag} {tokens} is more than {spec.model.name}'s context of {context} "
+                     "tokens")
         if trace is not None:
             if system_prompt_tokens < 0 or answer_tokens <= 0:
                 fail("--system-prompt-tokens must be >= 0 and --answer-tokens positive")
-            turns_list = load_trace_file(trace, system_prompt_tokens, answer_tokens)
+            turns_list = load_trace_file(trace, system_prompt_tokens, answer_tokens, context)
             trace_info: dict[str, Any] = {"kind": "file", "path": str(trace),
                                           "shared_prefix_tokens_of_counts": system_prompt_tokens,
                                           "default_answer_tokens": answer_tokens}

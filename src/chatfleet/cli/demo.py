@@ -10,7 +10,16 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from chatfleet.cli.common import clean_errors, console, fail, out, print_json, progress_bars
+from chatfleet.cli.common import (
+    check_output_dir,
+    clean_errors,
+    console,
+    fail,
+    out,
+    print_json,
+    progress_bars,
+)
+from chatfleet.cli.options import MAX_PLAN_USERS
 from chatfleet.cli.render import fmt, pool_table, print_answer
 from chatfleet.core.defaults import SEED
 from chatfleet.core.memory import plan_pool
@@ -35,6 +44,9 @@ def demo(
     with clean_errors():
         if users < 1 or live_seconds <= 0 or overload <= 0 or cap_margin < 0:
             fail("--users, --live-seconds and --overload must be positive, --cap-margin >= 0")
+        check_output_dir(out_dir, "--out")
+        if users > MAX_PLAN_USERS:
+            fail(f"--users {users}: at most {MAX_PLAN_USERS:,} (the plan lists every replica)")
         cfg = DemoConfig(out=out_dir, users=users, live_s=live_seconds, overload=overload,
                          cap_margin=cap_margin, seed=seed, live=live)
         if not as_json:

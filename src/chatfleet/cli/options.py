@@ -4,12 +4,17 @@ the core's types (a bad one is a one-line error)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from chatfleet.cli.common import console, fail, parse_list
 from chatfleet.core.calibration import Calibration
 from chatfleet.core.workload import GROUP_DRAWS, GroupDraw, LengthSpec
+
+# `chatfleet plan` (and the demo) write a gateway config that lists every replica: past this
+# many users the fleet's list alone takes gigabytes (10^8 users took 20 GB and two minutes)
+MAX_PLAN_USERS = 1_000_000
 
 
 def parse_arrival(text: str) -> float:
@@ -21,8 +26,8 @@ def parse_arrival(text: str) -> float:
             b = float(text.split(":", 1)[1])
         except ValueError:
             fail(f"bad arrival {text!r}: use poisson or gamma:B with B a number")
-        if b <= 0:
-            fail("gamma burstiness must be positive")
+        if not (math.isfinite(b) and b > 0):
+            fail(f"bad arrival {text!r}: the gamma burstiness must be a positive number")
         return b
     fail(f"bad arrival {text!r}: use poisson or gamma:B")
 
@@ -111,3 +116,33 @@ def profile_calibration(profile: Path | None, gpu: str,
         console.print(f"[yellow]note:[/] profile {profile} was fitted for the {fitted_for} "
                       f"engine model, used with the {engine_model} one")
     return cal
+
+
+def read_sweep_file(path: Path, flag: str) -> dict[str, Any]:
+    """The chatfleet.sweep/1 document given to `flag` (a file, or a live sweep's DIR with its
+    sweep.json), checked for what every reader of one takes for granted: the schema; points with
+    a load; target, workload and slo objects; and at every valid point, the figures (goodput,
+    throughput, TTFT and TPOT percentiles). A wrong file is one line, never a KeyError."""
+    from chatfleet.report.load import check_document, number, read_json
+
+    file = path / "sweep.json" if path.is_dir() else path
+    where = f"{flag} {file}"
+    if not file.is_file():
+        fail(f"{where}: no such file (give a `chatfleet twin sweep --json` file or a "
+             "`chatfleet sweep --out` DIR)")
+    try:
+        doc = check_document(read_json(file, "sweep document"), where)
+    except UnicodeDecodeError:
+        fail(f"{where}: not UTF-8 text, so not a sweep document")
+    for i, point in enumerate(doc["points"]):
+        if not point.get("valid", True):
+            continue
+        figures = [point.get("goodput_rps"), point.get("output_tok_s")]
+        for key in ("ttft_ms", "tpot_ms"):
+            stats = point.get(key)
+            figures += ([stats.get("p50"), stats.get("p99")] if isinstance(stats, dict)
+                        else [None])
+        if any(number(v) is None for v in figures):
+            fail(f"{where}, point {i}: goodput_rps, output_tok_s, ttft_ms and tpot_ms (p50, "
+                 "p99) must be numbers")
+    return doc

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from chatfleet.cli.common import (
+    check_output_file,
     clean_errors,
     fail,
     load_gpu,
@@ -19,10 +20,11 @@ from chatfleet.cli.common import (
     progress_bars,
     uncalibrated_note,
 )
+from chatfleet.cli.options import MAX_PLAN_USERS, read_sweep_file
 from chatfleet.cli.render import gateway_yaml, pool_table, print_answer
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.memory import REQUEST_TOKENS, plan_pool
-from chatfleet.core.metrics import SLO
+from chatfleet.core.metrics import SLO, load_value
 from chatfleet.core.workload import LengthSpec
 from chatfleet.io import write_atomic, write_json
 
@@ -104,10 +106,16 @@ def plan(
     with clean_errors():
         if users is None:
             fail("--users is needed for the full answer (how many concurrent users to serve)")
+        if users > MAX_PLAN_USERS:
+            fail(f"--users {users}: at most {MAX_PLAN_USERS:,} (the plan lists every replica "
+                 "of the fleet; plan a region's share and multiply)")
         if doubling_hours <= 0 or duration <= 0 or warmup < 0:
             fail("--duration and --doubling-hours must be positive, --warmup not negative")
         if host_kv_gib < 0 or cap_margin < 0:
             fail("--host-kv-gib and --cap-margin must not be negative")
+        if engine_model == "vllm" and eviction != "lru":
+            fail(f"--eviction {eviction} is SGLang's radix policy: the vLLM model evicts from "
+                 "its free-block queue (drop --eviction, or plan --engine-model sglang)")
         req = PlanRequest(
             gpu=load_gpu(gpu), model=load_model(model), users=users,
             slo=SLO(slo_ttft_ms, slo_tpot_ms, itl_stat, attainment),  # type: ignore[arg-type]
@@ -120,6 +128,12 @@ def plan(
             warmup_s=warmup, seed=seed, doubling_hours=doubling_hours, eviction=eviction,
             model_path=model_path, cap_margin=cap_margin, engine_model=engine_model)
         req.profile.workload()  # bad lengths or turns fail here, before any work
+        for sweep_path in sweep:
+            check_plan_sweep(sweep_path)
+        if accuracy is not None:
+            check_plan_accuracy(accuracy)
+        check_output_file(out_path, "--out")
+        check_output_file(gateway_config_out, "--gateway-config-out")
         with progress_bars() as progress:
             doc = make_plan(req, progress)
         if out_path is not None:
@@ -133,6 +147,63 @@ def plan(
     for path in (out_path, gateway_config_out):
         if path is not None:
             out.print(f"wrote {path}")
+
+
+def check_plan_sweep(path: Path) -> None:
+    """A --sweep file holds what the plan reads from it: a well-formed chatfleet.sweep/1
+    document whose target names its precision and whose knee is one of its valid points. A
+    file that does not is one line, not a KeyError deep in the plan."""
+    from chatfleet.report.load import number
+
+    doc = read_sweep_file(path, "--sweep")
+    where = f"--sweep {path}"
+    target = doc.get("target") or {}
+    if not all(isinstance(target.get(k), str) for k in ("weights", "kv_cache")):
+        fail(f"{where}: target.weights and target.kv_cache are needed to know which precision "
+             "the sweep measured")
+    for key, mode in (("knee", "closed"), ("knee_rate", "open")):
+        knee = doc.get(key)
+        if knee is None:
+            continue
+        meets = knee.get("meets") if isinstance(knee, dict) else None
+        if not isinstance(knee, dict) or (meets is not None and number(meets) is None):
+            fail(f"{where}: {key} must be an object {{'meets': number or null, 'fails': ...}}")
+        if meets is not None and not any(
+                p.get("valid", True) and p["load"]["mode"] == mode and load_value(p) == meets
+                for p in doc["points"]):
+            fail(f"{where}: {key}.meets {meets} is not one of its valid {mode}-loop points")
+
+
+def check_plan_accuracy(path: Path) -> None:
+    """An --accuracy file holds what the plan reads: a chatfleet.accuracy/1 result whose
+    targets are objects and whose comparisons carry their difference's interval."""
+    from chatfleet.report.load import number, read_json
+
+    where = f"--accuracy {path}"
+    if not path.is_file():
+        fail(f"{where}: no such file (give the file `chatfleet accuracy --out` wrote)")
+    try:
+        doc = read_json(path, "accuracy result")
+    except UnicodeDecodeError:
+        fail(f"{where}: not UTF-8 text, so not an accuracy result")
+    targets = doc.get("targets") if isinstance(doc, dict) else None
+    if (not isinstance(doc, dict) or doc.get("schema") != "chatfleet.accuracy/1"
+            or not isinstance(targets, dict)):
+        fail(f"{where}: not a chatfleet.accuracy/1 result (give the file `chatfleet accuracy "
+             "--out` wrote)")
+    comparisons = doc.get("comparisons") or []
+    paired = doc.get("paired")
+    if not isinstance(comparisons, list) or (paired and not isinstance(paired, dict)):
+        fail(f"{where}: 'comparisons' must be a list and 'paired' an object")
+    if any(not isinstance(t, dict) for t in targets.values()):
+        fail(f"{where}: every target must be an object (its accuracy, interval, ...)")
+    for c in [*comparisons, *([paired] if paired else [])]:
+        ci = c.get("diff_ci95") if isinstance(c, dict) else None
+        if (not isinstance(ci, list) or len(ci) != 2
+                or any(number(v) is None for v in ci)):
+            fail(f"{where}: every comparison needs diff_ci95, two numbers")
+    if doc.get("margin") is not None and number(doc["margin"]) is None:
+        fail(f"{where}: 'margin' must be a number")
 
 
 def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: float | None,

@@ -21,7 +21,7 @@ from chatfleet.cli.common import (
     uncalibrated_note,
 )
 from chatfleet.cli.options import engine_model_args, profile_calibration
-from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.build import EngineSpec, build_engine
 from chatfleet.core.specs import precision
 
 
@@ -73,6 +73,8 @@ def simserver(
             fail("--replicas must be at least 1")
         if not (math.isfinite(time_scale) and time_scale > 0):
             fail("--time-scale must be a positive finite number")
+        if not served_model_name.strip():
+            fail("--served-model-name is empty: give the name /v1/models should report")
         if not (0.0 <= oracle_accuracy <= 1.0):
             fail("--oracle-accuracy must lie in [0, 1]")
         if oracle_dataset is not None and str(oracle_dataset).strip().lower() == "gsm8k":
@@ -93,7 +95,9 @@ def simserver(
                           calibration=profile_calibration(profile, gpu, engine_model),
                           **engine_model_args(engine_model, max_num_batched_tokens,
                                               long_prefill_token_threshold))
-        spec.kv_pool_tokens()
+        # build the engine model once here: a bad policy, cap or pool is one line now, not a
+        # traceback from inside the server's start
+        build_engine(spec)
         cfg = ServerConfig(spec=spec, host=host, port=port, replicas=replicas,
                            time_scale=time_scale, seed=seed, trace=trace,
                            served_model_name=served_model_name,

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chatfleet.cli.common import clean_errors, console, fail, out
+from chatfleet.cli.common import check_output_dir, clean_errors, console, fail, out
 from chatfleet.cli.options import GROUP_DRAW_HELP, build_lengths, build_loads, parse_group_draw
 from chatfleet.cli.render import knee_lines, sweep_table
 from chatfleet.core.defaults import (
@@ -94,6 +94,7 @@ def sweep(
 ) -> None:
     """Measure the knee against live engines, with the method automated."""
     from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, request_stop
+    from chatfleet.bench.telemetry import parse_telemetry_spec
 
     with clean_errors():
         if engine not in ENGINES:
@@ -107,6 +108,7 @@ def sweep(
             fail("--duration must be positive, --warmup and --drain not negative")
         if refine_max_users < 1 or (refine_budget is not None and refine_budget <= 0):
             fail("--refine-max-users and --refine-budget must be positive")
+        check_output_dir(out_dir, "--out")
         wcfg = WorkloadConfig(
             system_prompt_tokens=system_prompt_tokens, prompt_groups=prompt_groups,
             group_draw=parse_group_draw(group_draw),
@@ -117,6 +119,7 @@ def sweep(
         )
         slo = SLO(slo_ttft_ms, slo_tpot_ms, itl_stat, attainment)  # type: ignore[arg-type]
         loads = build_loads(concurrency, rate, arrival)
+        parse_telemetry_spec(telemetry, target=target[0])  # before anything is sent
         labels: dict[str, Any] = {k: v for k, v in (("gpu", gpu), ("weights", weights),
                                                      ("kv_cache", kv_cache)) if v}
         if engine_log is not None:

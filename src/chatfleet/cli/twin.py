@@ -10,6 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from chatfleet.cli.common import (
+    Command,
+    check_output_file,
     clean_errors,
     console,
     fail,
@@ -27,6 +29,7 @@ from chatfleet.cli.options import (
     engine_model_args,
     parse_group_draw,
     profile_calibration,
+    read_sweep_file,
 )
 from chatfleet.cli.render import knee_lines, sweep_table
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
@@ -48,7 +51,7 @@ ENGINE_MODEL_HELP = ("The engine model: sglang (v0.5, prefill first) or vllm (0.
                      "budget, mixed batches, block prefix cache); docs/twin.md.")
 
 
-@twin_app.command("calibrate")
+@twin_app.command("calibrate", cls=Command)
 def calibrate_cmd(
     from_: Path = typer.Option(..., "--from", help="A live sweep: DIR or DIR/sweep.json."),
     out_path: Path = typer.Option(..., "--out", help="Where to write the profile (JSON)."),
@@ -77,6 +80,10 @@ def calibrate_cmd(
     from chatfleet.twin.calibrate import calibrate
 
     with clean_errors():
+        check_output_file(out_path, "--out")
+        read_sweep_file(from_, "--from")  # a wrong file is one line, before the fit reads it
+        if not 0 < gemm_eff <= 1:
+            fail(f"--gemm-eff {gemm_eff}: a share of the card's peak FLOPS, in (0, 1]")
         points = parse_list(fit_points, int, "--fit-points") if fit_points else None
         frontend: float | str = "auto"
         if frontend_ms != "auto":
@@ -119,7 +126,7 @@ def calibrate_cmd(
     out.print(f"wrote {out_path}")
 
 
-@twin_app.command("sweep")
+@twin_app.command("sweep", cls=Command)
 def sweep(
     gpu: str = typer.Option("l4", help="GPU name."),
     model: str = typer.Option("qwen3-8b", help="Built-in model name or path to a config.json."),
@@ -198,6 +205,9 @@ def sweep(
 ) -> None:
     """Sweep load points through the twin and find the knee."""
     with clean_errors():
+        check_output_file(json_out, "--json")
+        if replicas < 1 or (cap is not None and cap < 1):
+            fail("--replicas and --cap must be at least 1 (leave --cap out for no gateway cap)")
         spec = EngineSpec(
             gpu=load_gpu(gpu), model=load_model(model), precision=precision(weights, kv_cache),
             mem_fraction=mem_fraction, pool_tokens=pool_tokens,

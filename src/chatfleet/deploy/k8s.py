@@ -103,9 +103,12 @@ def plan_from_file(path: Path, replicas: int | None = None) -> DeployPlan:
     plan's recommendation."""
     where = str(path)
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise DeployError(f"cannot read the plan {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise DeployError(f"{path} is not a plan: not UTF-8 text (give the file `chatfleet "
+                          "plan --json` writes)") from None
     except json.JSONDecodeError as exc:
         raise DeployError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict):

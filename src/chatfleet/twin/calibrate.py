@@ -373,4 +373,7 @@ def load_profile(path: Path) -> tuple[Calibration, dict[str, Any]]:
         raise ChatfleetError(f"{path} is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
         raise ChatfleetError(f"{path} is not a {PROFILE_SCHEMA} profile")
+    if not isinstance(doc.get("calibration"), dict):
+        raise ChatfleetError(f"{path}: no 'calibration' object (give a profile that `chatfleet "
+                             "twin calibrate --out` wrote)")
     return calibration_from_json(doc["calibration"]), doc

@@ -47,6 +47,13 @@ class EngineSpec:
     long_prefill_token_threshold: int = 0  # vLLM (0: off, its default)
 
     def __post_init__(self) -> None:
+        if self.pool_tokens is not None and self.pool_tokens < 1:
+            # 0 is no pool at all, not "the planned one": a replica that never admits a request
+            raise ChatfleetError(f"--pool-tokens {self.pool_tokens}: the KV pool must hold at "
+                                 "least one token (leave it out for the planned pool)")
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ChatfleetError(f"--max-running-requests {self.max_running_requests}: the "
+                                 "engine cap must be at least 1 (leave it out for no cap)")
         if self.engine_model not in ENGINE_MODELS:
             raise ChatfleetError(f"unknown engine model {self.engine_model!r}: "
                                  f"{' or '.join(ENGINE_MODELS)}")
