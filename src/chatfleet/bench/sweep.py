@@ -153,7 +153,7 @@ class LiveSweep:
         if self.cfg.api == "completions-ids":
             inner = completions_with_ids(self.cfg.model, self.adapter.accepts_ignore_eos)
         else:
-            from chatfleet.datasets import load_qwen_tokenizer
+            from chatfleet.data.tokenizer import load_qwen_tokenizer
 
             tok = load_qwen_tokenizer()
             pool = TextPool(tok.directory, self.cfg.prompt_workers)
@@ -169,7 +169,7 @@ class LiveSweep:
         """Where the engine sends no running usage, count each chunk with the tokenizer."""
         if self.adapter.accepts_continuous_usage:
             return None
-        from chatfleet.datasets import load_qwen_tokenizer
+        from chatfleet.data.tokenizer import load_qwen_tokenizer
 
         tok = load_qwen_tokenizer()
         return lambda text: len(tok.encode(text))

@@ -127,7 +127,7 @@ def load_trace_file(path: Path, shared_prefix_tokens: int,
                 if not isinstance(rec["text"], str) or not rec["text"]:
                     raise ValueError(f"{where}: 'text' must be a non-empty string")
                 if tokenizer is None:
-                    from chatfleet.datasets import load_qwen_tokenizer
+                    from chatfleet.data.tokenizer import load_qwen_tokenizer
 
                     tokenizer = load_qwen_tokenizer()
                 prompt = array("q", tokenizer.encode(rec["text"]))

@@ -59,7 +59,7 @@ def build_lengths(kind: str, input_len: int, output_len: int, range_ratio: float
         return LengthSpec(kind, input_len, output_len, range_ratio,  # type: ignore[arg-type]
                           convention)  # type: ignore[arg-type]
     if kind == "sharegpt":
-        from chatfleet.datasets import cached_sharegpt_length_pairs
+        from chatfleet.data.sharegpt import cached_sharegpt_length_pairs
 
         with console.status("loading ShareGPT length pairs (cached after the first run)"):
             pairs = cached_sharegpt_length_pairs()
@@ -67,7 +67,7 @@ def build_lengths(kind: str, input_len: int, output_len: int, range_ratio: float
     if kind == "file":
         if length_file is None:
             fail("--lengths file needs --length-file PATH")
-        from chatfleet.datasets import load_length_file
+        from chatfleet.data.lengths import load_length_file
 
         return LengthSpec("file", pairs=tuple(load_length_file(length_file)))
     fail(f"unknown --lengths {kind!r}: fixed, uniform, sharegpt or file")

@@ -11,7 +11,7 @@ from pathlib import Path
 from aiohttp import web
 
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.datasets import load_qwen_tokenizer
+from chatfleet.data.tokenizer import load_qwen_tokenizer
 from chatfleet.serverlog import quiet_bad_requests
 from chatfleet.simserver.app import ReplicaApp
 from chatfleet.simserver.generation import AnswerMaker

@@ -89,7 +89,7 @@ def workload_from_json(w: dict[str, Any]) -> tuple[WorkloadConfig, str | None]:
                           float(lengths.get("range_ratio", 0.0)),
                           lengths.get("convention", "sglang"))
     elif kind == "sharegpt":
-        from chatfleet.datasets import cached_sharegpt_length_pairs
+        from chatfleet.data.sharegpt import cached_sharegpt_length_pairs
 
         spec = LengthSpec("sharegpt", pairs=tuple(cached_sharegpt_length_pairs()))
     else:
