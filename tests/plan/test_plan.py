@@ -248,7 +248,7 @@ def test_with_think_time_a_card_holds_more_users_than_its_cap() -> None:
 def test_hicache_flags_when_the_working_set_calls_for_them() -> None:
     from chatfleet.core.plan import figures_from_sweep
     from chatfleet.core.specs import builtin_model, get_gpu
-    from chatfleet.planner import (
+    from chatfleet.jobs.plan import (
         PlanRequest,
         SessionProfile,
         host_tier_of,

@@ -30,7 +30,7 @@ def demo(
 ) -> None:
     """Answer the question for Qwen3-8B on L4 with the twin (no GPU needed), prove it live on
     simserver replicas behind the gateway, and write the HTML report."""
-    from chatfleet.demo import DemoConfig, run_demo
+    from chatfleet.jobs.demo import DemoConfig, run_demo
 
     with clean_errors():
         if users < 1 or live_seconds <= 0 or overload <= 0 or cap_margin < 0:
