@@ -93,7 +93,8 @@ def plan(
         pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
                   system_prompt_tokens, as_json)
         return
-    from chatfleet.jobs.plan import PlanRequest, SessionProfile, make_plan, parse_precisions
+    from chatfleet.core.workload import SessionProfile
+    from chatfleet.jobs.plan import PlanRequest, make_plan, parse_precisions
 
     with clean_errors():
         if users is None:

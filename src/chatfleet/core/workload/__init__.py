@@ -1,7 +1,8 @@
 """Workloads: shared system prompts, prompt groups, multi-turn sessions, length distributions,
 closed-loop users and open-loop arrivals. Everything is seeded through a `random.Random`.
 
-- `config`: `LengthSpec`, `WorkloadConfig` (the parameters and their checks);
+- `config`: `LengthSpec`, `WorkloadConfig` (the parameters and their checks), `SessionProfile`
+  (what one user does, as the plan states it);
 - `sessions`: `Workload` makes sessions and their turns as segments (`RequestSpec`), and
   `segment_tokens` turns segments into synthetic token ids;
 - `load`: `ClosedLoop`, `OpenLoop` and `driver_for` (a load point to its driver).
@@ -13,6 +14,7 @@ from chatfleet.core.workload.config import (
     LengthKind,
     LengthSpec,
     RangeConvention,
+    SessionProfile,
     WorkloadConfig,
     WorkloadError,
 )
@@ -36,6 +38,7 @@ __all__ = [
     "RangeConvention",
     "RequestSpec",
     "Session",
+    "SessionProfile",
     "Workload",
     "WorkloadConfig",
     "WorkloadError",

@@ -1,6 +1,7 @@
 """What a workload is made of: the length distributions (`LengthSpec`) and the workload's
 parameters (`WorkloadConfig`: shared system prompts, prompt groups, turns, think time, reasoning
-share, ramp-up), with their checks (`WorkloadError`)."""
+share, ramp-up), with their checks (`WorkloadError`); and `SessionProfile`, what one user does,
+as `chatfleet plan` and the demo describe it."""
 
 from __future__ import annotations
 
@@ -147,3 +148,29 @@ class WorkloadConfig:
             "ignore_eos": self.ignore_eos,
             "ramp_up_s": self.ramp_up_s,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class SessionProfile:
+    """What one user does: a session of `turns` turns of `input_len` user tokens (uniform
+    within +-range_ratio, vLLM's convention) and `output_len` answer tokens, `think_time_s`
+    apart, every prompt starting with the shared system prompt."""
+
+    input_len: int = 512
+    output_len: int = 128
+    range_ratio: float = 0.5
+    turns: int = 1
+    think_time_s: float = 0.0
+    system_prompt_tokens: int = 2048
+    prompt_groups: int = 1
+
+    def workload(self) -> WorkloadConfig:
+        return WorkloadConfig(
+            system_prompt_tokens=self.system_prompt_tokens, prompt_groups=self.prompt_groups,
+            lengths=LengthSpec("uniform", self.input_len, self.output_len, self.range_ratio,
+                               "vllm"),
+            turns=self.turns, think_time_s=self.think_time_s)
+
+    def history_tokens(self) -> float:
+        """A session's own tokens at its last turn (its history beyond the shared prompt)."""
+        return float(self.turns * (self.input_len + self.output_len))
