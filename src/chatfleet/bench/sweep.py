@@ -33,7 +33,12 @@ from chatfleet.bench.drive import DriveResult, Payload, completions_with_ids, dr
 from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
-from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
+from chatfleet.bench.telemetry import (
+    TelemetrySampler,
+    below_clock_floor,
+    cool_down,
+    make_source,
+)
 from chatfleet.bench.text_pool import DEFAULT_WORKERS, TextPool
 from chatfleet.core.metrics import SLO, find_knee, load_value, summarize_point
 from chatfleet.core.refine import BISECT_MAX_RUNS, EXTEND_MAX_RUNS, RefinePolicy, next_load
@@ -264,11 +269,9 @@ class LiveSweep:
                            f"{loop_p99:.1f} ms (bounds {c.max_send_lag_ms:g} / "
                            f"{c.max_loop_lag_ms:g} ms)")
         gpu = tele.summary(c.warmup_s, window_end)
-        clock_p50 = (gpu.get("sm_clock_mhz") or {}).get("p50")
-        if c.clock_floor_mhz is not None and clock_p50 is not None and \
-                clock_p50 < c.clock_floor_mhz:
-            reasons.append(f"under the clock floor: median SM clock {clock_p50:.0f} MHz < "
-                           f"{c.clock_floor_mhz:g} MHz")
+        under_floor = below_clock_floor(gpu, c.clock_floor_mhz)
+        if under_floor is not None:
+            reasons.append(under_floor)
         if res.interrupted:
             reasons.append("interrupted: the window was cut short by Ctrl-C")
         point = summarize_point(
