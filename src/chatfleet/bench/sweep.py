@@ -48,6 +48,7 @@ from chatfleet.core.workload import (
     WorkloadConfig,
     driver_for,
 )
+from chatfleet.data.tokenizer import load_qwen_tokenizer
 from chatfleet.engines import EngineAdapter, FlushVerdict, flush_and_verify, get_adapter
 
 FLUSH_TRIES = 3
@@ -158,8 +159,6 @@ class LiveSweep:
         if self.cfg.api == "completions-ids":
             inner = completions_with_ids(self.cfg.model, self.adapter.accepts_ignore_eos)
         else:
-            from chatfleet.data.tokenizer import load_qwen_tokenizer
-
             tok = load_qwen_tokenizer()
             pool = TextPool(tok.directory, self.cfg.prompt_workers)
             pool.start()  # before any clock: the workers load the tokenizer
@@ -174,8 +173,6 @@ class LiveSweep:
         """Where the engine sends no running usage, count each chunk with the tokenizer."""
         if self.adapter.accepts_continuous_usage:
             return None
-        from chatfleet.data.tokenizer import load_qwen_tokenizer
-
         tok = load_qwen_tokenizer()
         return lambda text: len(tok.encode(text))
 

@@ -20,6 +20,9 @@ import multiprocessing
 import os
 from concurrent.futures.process import BrokenProcessPool
 
+from chatfleet.data.exact_tokens import text_of_exact_tokens
+from chatfleet.data.tokenizer import load_qwen_tokenizer
+
 DEFAULT_WORKERS = 2
 START_TIMEOUT_S = 120.0
 
@@ -28,15 +31,11 @@ _tok = None  # the worker's tokenizer, loaded by _init
 
 def _init(directory: str | None) -> None:
     global _tok
-    from chatfleet.data.tokenizer import load_qwen_tokenizer
-
     _tok = load_qwen_tokenizer(directory)
     _tok.filler_words  # noqa: B018 (built once per worker, before the first text)
 
 
 def _build(n: int, seed: int) -> str:
-    from chatfleet.data.exact_tokens import text_of_exact_tokens
-
     assert _tok is not None, "the pool's initializer did not run"
     return text_of_exact_tokens(_tok, n, seed=seed)
 
