@@ -40,6 +40,8 @@ from chatfleet.bench.telemetry import (
     make_source,
 )
 from chatfleet.bench.text_pool import DEFAULT_WORKERS, TextPool
+from chatfleet.core.defaults import COOLDOWN_MAX_S, DRAIN_S, DURATION_S, SEED, WARMUP_S
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, find_knee, load_value, summarize_point
 from chatfleet.core.refine import BISECT_MAX_RUNS, EXTEND_MAX_RUNS, RefinePolicy, next_load
 from chatfleet.core.workload import (
@@ -64,14 +66,14 @@ class LiveSweepConfig:
     wcfg: WorkloadConfig
     out: Path
     slo: SLO = field(default_factory=SLO)
-    duration_s: float = 300.0
-    warmup_s: float = 30.0
-    drain_s: float = 300.0
+    duration_s: float = DURATION_S
+    warmup_s: float = WARMUP_S
+    drain_s: float = DRAIN_S
     flush: bool = True
-    seed: int = 1
+    seed: int = SEED
     telemetry: str = "none"
     cooldown_temp_c: float | None = None
-    cooldown_max_s: float = 300.0
+    cooldown_max_s: float = COOLDOWN_MAX_S
     clock_floor_mhz: float | None = None
     resume: bool = False
     refine: bool = False
@@ -139,7 +141,7 @@ class LiveSweep:
             try:
                 infos.append(await self.adapter.server_info(session, url))
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise ValueError(f"cannot reach the target {url}: {exc}") from exc
+                raise ChatfleetError(f"cannot reach the target {url}: {exc}") from exc
         info = infos[0] if infos else {}
         self.time_scale = float(info.get("time_scale") or 1.0)
         self.target = {

@@ -9,6 +9,7 @@ import os
 import re
 from pathlib import Path
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.jsonl import json_objects
 
 __all__ = ["extract_model_answer", "gsm8k_answer", "load_gsm8k"]
@@ -20,7 +21,7 @@ def load_gsm8k(path: str | os.PathLike[str]) -> list[dict[str, str]]:
     with file.open(encoding="utf-8") as f:
         for where, row in json_objects(f, str(file)):
             if not all(isinstance(row.get(k), str) for k in ("question", "answer")):
-                raise ValueError(f"{where}: needs string 'question' and 'answer'")
+                raise ChatfleetError(f"{where}: needs string 'question' and 'answer'")
             rows.append({"question": row["question"], "answer": row["answer"]})
     return rows
 

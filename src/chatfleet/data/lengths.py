@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.jsonl import json_objects
 from chatfleet.data.sharegpt import sharegpt_length_pairs
 from chatfleet.data.tokenizer import QwenTokenizer
@@ -31,17 +32,17 @@ def load_length_file(
     if text.lstrip("\ufeff \t\r\n").startswith("["):
         pairs = sharegpt_length_pairs(tok, file)
         if not pairs:
-            raise ValueError(f"{file}: ShareGPT-shaped file with no usable conversation")
+            raise ChatfleetError(f"{file}: ShareGPT-shaped file with no usable conversation")
         return pairs
     out: list[tuple[int, int]] = []
     for where, row in json_objects(text.splitlines(), str(file)):
         missing = [k for k in ("input_len", "output_len") if k not in row]
         if missing:
-            raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
+            raise ChatfleetError(f"{where}: missing key(s) {', '.join(missing)}")
         for k in ("input_len", "output_len"):
             if not _positive_int(row[k]):
-                raise ValueError(f"{where}: {k} must be a positive integer, got {row[k]!r}")
+                raise ChatfleetError(f"{where}: {k} must be a positive integer, got {row[k]!r}")
         out.append((row["input_len"], row["output_len"]))
     if not out:
-        raise ValueError(f"{file}: no rows")
+        raise ChatfleetError(f"{file}: no rows")
     return out

@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.data.paths import qwen_tokenizer_dir, sharegpt_default_path
 from chatfleet.data.tokenizer import QwenTokenizer, load_qwen_tokenizer
+from chatfleet.io import write_atomic
 
 __all__ = [
     "SHAREGPT_MAX_PROMPT_LEN",
@@ -44,7 +45,7 @@ def _iter_json_array(text: str, source: str) -> Iterator[Any]:
     if idx < len(text) and text[idx] == "\ufeff":
         idx = ws.match(text, idx + 1).end()  # type: ignore[union-attr]
     if idx >= len(text) or text[idx] != "[":
-        raise ValueError(f"{source}: not a JSON array (expected '[' at offset {idx})")
+        raise ChatfleetError(f"{source}: not a JSON array (expected '[' at offset {idx})")
     idx = ws.match(text, idx + 1).end()  # type: ignore[union-attr]
     if idx < len(text) and text[idx] == "]":
         return
@@ -58,7 +59,7 @@ def _iter_json_array(text: str, source: str) -> Iterator[Any]:
         if idx >= len(text) or text[idx] == "]":
             return
         if text[idx] != ",":
-            raise ValueError(f"{source}: expected ',' between array items at offset {idx}")
+            raise ChatfleetError(f"{source}: expected ',' between array items at offset {idx}")
         idx = ws.match(text, idx + 1).end()  # type: ignore[union-attr]
 
 
@@ -236,14 +237,5 @@ def cached_sharegpt_length_pairs(
         max_total_len=max_total_len,
         human_first=human_first,
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sharegpt-pairs-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"key": key, "pairs": pairs}, f, separators=(",", ":"))
-        os.replace(tmp, cache_file)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(cache_file, json.dumps({"key": key, "pairs": pairs}, separators=(",", ":")))
     return pairs

@@ -24,10 +24,13 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.fleet.prompt import SharedPrompt
+from chatfleet.core.fleet.session import DEFAULT_SESSION_TTL_S
 
 
-class ConfigError(ValueError):
+class ConfigError(ChatfleetError):
     """A configuration that cannot be used, with the key that is wrong."""
 
 
@@ -110,7 +113,7 @@ class StateSettings:
 @dataclass(frozen=True, slots=True)
 class Routing:
     affinity: bool = True
-    session_ttl_s: float = 600.0
+    session_ttl_s: float = DEFAULT_SESSION_TTL_S
     max_sessions: int = 1_000_000
     # the step-time model that prices a spill (recompute of a session's prefix elsewhere)
     gpu: str = "l4"
@@ -124,10 +127,10 @@ class Routing:
 class GatewayConfig:
     replicas: tuple[ReplicaConfig, ...] = ()
     cap: int = 8
-    queue_depth: int = 64
-    ttft_budget_s: float = 1.0
-    prefill_reserve_s: float = 0.0
-    prioritize_returning: bool = True
+    queue_depth: int = FleetSettings().queue_depth
+    ttft_budget_s: float = FleetSettings().ttft_budget_s
+    prefill_reserve_s: float = FleetSettings().prefill_reserve_s
+    prioritize_returning: bool = FleetSettings().prioritize_returning
     max_body_bytes: int = 4 * 1024 * 1024
     debug_headers: bool = False  # x-chatfleet-replica / -route on responses
     keys: tuple[KeyConfig, ...] = ()

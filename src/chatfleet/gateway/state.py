@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from chatfleet.core.errors import ChatfleetError
+
 LEASE_TTL_S = 15.0
 INSTANCE_TTL_S = 5.0
 
@@ -210,4 +212,4 @@ def backend_from(spec: str, timeout_s: float = 0.5,
         return MemoryState()
     if spec.startswith(("redis://", "rediss://", "unix://")):
         return RedisState(spec, timeout_s=timeout_s, lease_ttl_s=lease_ttl_s)
-    raise ValueError(f"--state must be memory or redis://HOST:PORT/DB, not {spec!r}")
+    raise ChatfleetError(f"--state must be memory or redis://HOST:PORT/DB, not {spec!r}")

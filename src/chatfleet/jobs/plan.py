@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet import __version__
+from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
 from chatfleet.core.engine.build import EngineSpec, thermal_profile_of
 from chatfleet.core.engine.thermal import cooling_need
 from chatfleet.core.memory import PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
@@ -66,9 +67,9 @@ class PlanRequest:
     mem_fraction: float | None = None
     grid: tuple[int, ...] = DEFAULT_GRID
     rates: tuple[float, ...] = DEFAULT_RATES
-    duration_s: float = 300.0
-    warmup_s: float = 30.0
-    seed: int = 1
+    duration_s: float = DURATION_S
+    warmup_s: float = WARMUP_S
+    seed: int = SEED
     doubling_hours: float = 1.0
     doubling_replicas: int = 2  # the slice of the fleet the what-if simulates
     eviction: str = "lru"

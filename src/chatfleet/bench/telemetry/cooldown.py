@@ -13,6 +13,7 @@ from chatfleet.bench.telemetry.sources import (
     make_source,
 )
 from chatfleet.bench.telemetry.spec import TelemetrySpec
+from chatfleet.core.errors import ChatfleetError
 
 
 async def cool_down(source: str | TelemetrySpec | TelemetrySource, below_c: float,
@@ -22,7 +23,7 @@ async def cool_down(source: str | TelemetrySpec | TelemetrySource, below_c: floa
     {"waited_s", "start_temp_c", "end_temp_c", "timed_out"} (and "note" when the source
     reports no temperature, which returns at once). Failed reads are retried until the bound."""
     if max_wait_s < 0 or poll_s <= 0:
-        raise ValueError("max_wait_s must be 0 or more and poll_s positive")
+        raise ChatfleetError("max_wait_s must be 0 or more and poll_s positive")
     src = make_source(source, target)
     out: dict[str, Any] = {"waited_s": 0.0, "start_temp_c": None, "end_temp_c": None,
                            "timed_out": False, "below_c": below_c, "source": src.label}

@@ -19,6 +19,7 @@ from chatfleet.bench.client import Clock
 from chatfleet.bench.telemetry.reading import TelemetrySample
 from chatfleet.bench.telemetry.sources import NoneSource, TelemetrySource, make_source
 from chatfleet.bench.telemetry.spec import TelemetrySpec
+from chatfleet.core.errors import ChatfleetError
 
 
 def _p50(values: Sequence[float]) -> float | None:
@@ -81,7 +82,7 @@ class TelemetrySampler:
                  read_timeout_s: float = 2.0, max_samples: int = 1_000_000,
                  flush_every_s: float = 1.0) -> None:
         if interval_s <= 0:
-            raise ValueError("the sampling interval must be positive")
+            raise ChatfleetError("the sampling interval must be positive")
         self.source = make_source(source, target)
         self.interval_s = interval_s
         self.clock = clock or Clock()

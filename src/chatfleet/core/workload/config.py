@@ -10,13 +10,16 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
+from chatfleet.core.defaults import SYSTEM_PROMPT_TOKENS
+from chatfleet.core.errors import ChatfleetError
+
 LengthKind = Literal["fixed", "uniform", "sharegpt", "file"]
 RangeConvention = Literal["sglang", "vllm"]
 GroupDraw = Literal["round-robin", "user", "request"]
 GROUP_DRAWS: tuple[GroupDraw, ...] = ("round-robin", "user", "request")
 
 
-class WorkloadError(ValueError):
+class WorkloadError(ChatfleetError):
     """A workload parameter that cannot describe real traffic."""
 
 
@@ -99,7 +102,7 @@ class LengthSpec:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadConfig:
-    system_prompt_tokens: int = 2048
+    system_prompt_tokens: int = SYSTEM_PROMPT_TOKENS
     prompt_groups: int = 1
     # how a session gets its prompt group (Workload.new_session): round-robin over sessions in
     # creation order; "user": user u's sessions are all in group u mod G; "request": each
@@ -156,12 +159,12 @@ class SessionProfile:
     within +-range_ratio, vLLM's convention) and `output_len` answer tokens, `think_time_s`
     apart, every prompt starting with the shared system prompt."""
 
-    input_len: int = 512
-    output_len: int = 128
+    input_len: int = LengthSpec().input_len
+    output_len: int = LengthSpec().output_len
     range_ratio: float = 0.5
     turns: int = 1
     think_time_s: float = 0.0
-    system_prompt_tokens: int = 2048
+    system_prompt_tokens: int = SYSTEM_PROMPT_TOKENS
     prompt_groups: int = 1
 
     def workload(self) -> WorkloadConfig:
