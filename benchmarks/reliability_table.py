@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-KINDS = {"load": "load held", "fault": "fault survived", "input": "bad input",
-         "harness": "harness"}
+KINDS = {"load": "load held", "fault": "fault survived", "fairness": "fairness",
+         "input": "bad input", "harness": "harness"}
 
 
 def render(doc: dict[str, object]) -> str:

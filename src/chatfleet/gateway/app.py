@@ -348,6 +348,7 @@ class Gateway:
         """Take a new configuration; streams keep running."""
         self.cfg = cfg
         self.relay.settings = relay_settings(cfg)
+        self.shared.settings = cfg.state
         if cfg.shared_prompt != self._prefix_for:  # a new canonical prefix: check against it
             self.prefix = PrefixCheck(cfg.shared_prompt)
             self._prefix_for = cfg.shared_prompt
