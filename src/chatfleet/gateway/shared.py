@@ -118,6 +118,12 @@ class SharedCaps:
         if self.epoch is not None and got.epoch != self.epoch:
             log.warning("shared state lost its shares (Redis restarted empty?): shares "
                         "re-asserted, none grows for %g s", self.settings.lease_ttl_s)
+        if got.grace and not self.grace and not self.settings.gateways \
+                and not any(got.shares.values()):
+            log.warning("Redis holds no state yet (a new epoch): this gateway gets its first "
+                        "share when the epoch settles, within %g s (set state.gateways to the "
+                        "number of gateways to start on cap // gateways at once)",
+                        self.settings.lease_ttl_s)
         self.epoch, self.grace, self.gateways = got.epoch, got.grace, got.gateways
         self.demands = got.demands
         # Redis holds these for this gateway now (the fair share still caps them)

@@ -26,6 +26,7 @@ same demands computes the same shares.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -46,24 +47,31 @@ class Demand:
 def fleet_shares(total: int, demands: Mapping[str, Demand]) -> dict[str, int]:
     """Rules 2-4: how many of the fleet's `total` slots each gateway gets."""
     names = sorted(demands)
-    got = dict.fromkeys(names, 0)
+    got = [0] * len(names)
+    need = [demands[n].need for n in names]
+    rate = [demands[n].rate for n in names]
     left = total
-    for name in names:  # rule 2
-        if left and demands[name].need > 0:
-            got[name] += 1
+    for i in range(len(names)):  # rule 2
+        if left and need[i] > 0:
+            got[i] += 1
             left -= 1
-    while left:  # rule 3
-        needy = [n for n in names if got[n] < demands[n].need]
-        if not needy:
-            break
-        best = max(needy, key=lambda n: (demands[n].rate / (2 * got[n] + 1), -names.index(n)))
-        got[best] += 1
+    # rule 3: highest rate / (2 * slots + 1) first, ties to the first name
+    heap = [(-rate[i] / (2 * got[i] + 1), i) for i in range(len(names)) if got[i] < need[i]]
+    heapq.heapify(heap)
+    while left and heap:
+        _, i = heapq.heappop(heap)
+        got[i] += 1
         left -= 1
-    while left and names:  # rule 4
-        fewest = min(names, key=lambda n: (got[n], names.index(n)))
-        got[fewest] += 1
+        if got[i] < need[i]:
+            heapq.heappush(heap, (-rate[i] / (2 * got[i] + 1), i))
+    fewest = [(got[i], i) for i in range(len(names))]  # rule 4
+    heapq.heapify(fewest)
+    while left and fewest:
+        n, i = heapq.heappop(fewest)
+        got[i] += 1
         left -= 1
-    return got
+        heapq.heappush(fewest, (n + 1, i))
+    return dict(zip(names, got, strict=True))
 
 
 def replica_shares(capacity: Mapping[str, int],
@@ -73,17 +81,20 @@ def replica_shares(capacity: Mapping[str, int],
     if sum(totals.values()) != sum(capacity.values()):
         raise ValueError("the gateways' totals must add up to the fleet's capacity")
     names = sorted(totals)
-    left = dict(totals)
+    left = [totals[n] for n in names]
     out: dict[str, dict[str, int]] = {n: {} for n in names}
     for replica in sorted(capacity):
-        here = dict.fromkeys(names, 0)
+        here = [0] * len(names)
+        heap = [(-left[i], i) for i in range(len(names)) if left[i] > 0]
+        heapq.heapify(heap)
         for _ in range(capacity[replica]):
-            best = max((n for n in names if here[n] < left[n]),
-                       key=lambda n: (left[n] / (2 * here[n] + 1), -names.index(n)))
-            here[best] += 1
-        for n in names:
-            out[n][replica] = here[n]
-            left[n] -= here[n]
+            _, i = heapq.heappop(heap)
+            here[i] += 1
+            if here[i] < left[i]:
+                heapq.heappush(heap, (-left[i] / (2 * here[i] + 1), i))
+        for i, n in enumerate(names):
+            out[n][replica] = here[i]
+            left[i] -= here[i]
     return out
 
 
