@@ -47,7 +47,7 @@ def classify(status: int, headers: Any, text: str) -> tuple[str, str]:
     return "lost", f"HTTP {status} without an error body"
 
 
-class _Load:
+class Load:
     def __init__(self, urls: list[str], tokens: int) -> None:
         self.urls = urls
         self.tokens = tokens
@@ -56,7 +56,7 @@ class _Load:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
-    def __enter__(self) -> _Load:
+    def __enter__(self) -> Load:
         self._thread.start()
         return self
 
@@ -96,7 +96,7 @@ class _Load:
         raise NotImplementedError
 
 
-class Clients(_Load):
+class Clients(Load):
     """`workers` closed-loop clients per gateway (or a count for each); after a request that
     was not served a client pauses `pause_s` (not its Retry-After: the point is to keep the
     fleet overloaded)."""
@@ -117,7 +117,7 @@ class Clients(_Load):
                                for _ in range(self.workers[i])))
 
 
-class Arrivals(_Load):
+class Arrivals(Load):
     """Open loop: requests arrive at each gateway as a Poisson process of `rates[i]` per
     second, whatever happens to the earlier ones."""
 
@@ -132,7 +132,7 @@ class Arrivals(_Load):
         open_: set[asyncio.Task[str]] = set()
 
         async def arrivals(i: int) -> None:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and self.active[i]:
                 await asyncio.sleep(self.rng.expovariate(self.rates[i]))
                 if len(open_) >= MAX_OPEN:
                     self.dropped += 1
