@@ -1,6 +1,6 @@
 """How fast the twin runs: simulated seconds per wall second, and fleet scaling.
 
-Usage: .venv/bin/python benchmarks/twin_speed.py [--repeat 5]
+Usage: .venv/bin/python benchmarks/twin_speed.py [--repeat 5] [--engine-model sglang|vllm|both]
 
 Each case is a 64-user closed-loop point of 600 virtual seconds (30 s warm-up included in the
 600) on an L4 twin, timed end to end (workload, engine, records and the point's summary). The
@@ -33,7 +33,9 @@ def timed(spec: EngineSpec, wcfg: WorkloadConfig, users: int, replicas: int = 1)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--engine-model", default="both", choices=("sglang", "vllm", "both"))
     args = ap.parse_args()
+    models = ("sglang", "vllm") if args.engine_model == "both" else (args.engine_model,)
     gpu, model = get_gpu("l4"), builtin_model("qwen3-8b")
     workloads = {
         "fixed 512/128": WorkloadConfig(),
@@ -41,13 +43,18 @@ def main() -> None:
             lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm")),
     }
     print(f"64-user closed loop, {VIRTUAL_S:.0f} s virtual, median of {args.repeat}")
-    print(f"{'precision':9s} {'lengths':28s} {'wall ms':>8s} {'sim s / wall s':>15s}")
+    print(f"{'model':7s} {'precision':9s} {'lengths':28s} {'wall ms':>8s} "
+          f"{'sim s / wall s':>15s}")
     for prec in ("bf16", "fp8"):
-        spec = EngineSpec(gpu, model, precision(prec, prec))
         for name, wcfg in workloads.items():
-            walls = [timed(spec, wcfg, 64) for _ in range(args.repeat)]
-            med = statistics.median(walls)
-            print(f"{prec:9s} {name:28s} {med * 1000:8.1f} {VIRTUAL_S / med:15.0f}")
+            for em in models:
+                spec = EngineSpec(gpu, model, precision(prec, prec), engine_model=em)
+                walls = [timed(spec, wcfg, 64) for _ in range(args.repeat)]
+                med = statistics.median(walls)
+                print(f"{em:7s} {prec:9s} {name:28s} {med * 1000:8.1f} "
+                      f"{VIRTUAL_S / med:15.0f}")
+    if models == ("vllm",):
+        return
     print("\nfleet scaling (FP8, mixed lengths, 64 users per replica)")
     print(f"{'replicas':>8s} {'wall ms':>8s} {'wall ms / replica':>18s}")
     spec = EngineSpec(gpu, model, precision("fp8", "fp8"))

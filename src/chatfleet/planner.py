@@ -1,7 +1,8 @@
 """`chatfleet plan`'s full answer: for each precision, the KV pool and a sweep (run through the
 twin, or read from a sweep's JSON); then users per card at the knee, goodput at the target, the
 caps, the fleet for the target users, what an hour of doubled traffic does, the launch commands
-for SGLang and vLLM, and the gateway's config file.
+for SGLang and vLLM, and the gateway's config file. With `engine_model` "vllm" the twin runs the
+vLLM model: its pool rule, its knee, and vLLM's launch command only.
 
 The arithmetic from sweep to answer is pure (core/plan.py); this module runs the twin, reads
 files and builds the commands.
@@ -16,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet import __version__
-from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.memory import PoolPlan, plan_pool
+from chatfleet.core.engine.build import EngineSpec, thermal_profile_of
+from chatfleet.core.engine.thermal import cooling_need
+from chatfleet.core.memory import PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
 from chatfleet.core.metrics import SCHEMA, SLO
 from chatfleet.core.plan import (
     PlanError,
@@ -43,6 +45,7 @@ PLAN_SCHEMA = "chatfleet.plan/1"
 DEFAULT_GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_RATES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
 SGLANG_PORT = 30000
+VLLM_PORT = 8000
 
 # Progress: (what is running, finished steps, all steps).
 Progress = Callable[[str, int, int], None]
@@ -97,6 +100,7 @@ class PlanRequest:
     eviction: str = "lru"
     model_path: str | None = None
     cap_margin: int = 0  # lower the gateway cap this many grid steps below the knee
+    engine_model: str = "sglang"  # the twin's engine model: sglang or vllm
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -136,15 +140,32 @@ def model_path(req: PlanRequest, weights: str) -> str:
 
 def engine_spec(req: PlanRequest, weights: str, kv: str, **changes: Any) -> EngineSpec:
     spec = EngineSpec(req.gpu, req.model, precision(weights, kv),
-                      mem_fraction=req.mem_fraction, eviction_policy=req.eviction)
+                      mem_fraction=req.mem_fraction,
+                      eviction_policy=req.eviction if req.engine_model == "sglang" else "lru",
+                      engine_model=req.engine_model)
     return replace(spec, **changes)
 
 
-def pool_of(req: PlanRequest, weights: str, kv: str) -> PoolPlan:
+def pool_of(req: PlanRequest, weights: str, kv: str) -> PoolPlan | VLLMPoolPlan:
     prof = req.profile
+    if req.engine_model == "vllm":
+        return plan_vllm_pool(req.gpu, req.model, weights, kv,
+                              gpu_memory_utilization=req.mem_fraction)
     return plan_pool(req.gpu, req.model, weights, kv, mem_fraction=req.mem_fraction,
                      request_tokens=prof.input_len + prof.output_len,
                      system_prompt_tokens=prof.system_prompt_tokens)
+
+
+def pool_json(req: PlanRequest, pool: PoolPlan | VLLMPoolPlan) -> dict[str, Any]:
+    """The pool's figures, with what fits in it (vLLM's as SGLang's are counted)."""
+    out = pool.to_json()
+    if isinstance(pool, VLLMPoolPlan):
+        prof = req.profile
+        system, request = prof.system_prompt_tokens, prof.input_len + prof.output_len
+        out.update(request_tokens=request, system_prompt_tokens=system,
+                   requests_fit=max(0, (pool.kv_pool_tokens - system) // request),
+                   prompts_fit=pool.kv_pool_tokens // system if system else 0)
+    return out
 
 
 def twin_sweep(req: PlanRequest, weights: str, kv: str,
@@ -164,7 +185,9 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
     off (what the traffic alone does: the queue, the sheds) and on (what the clocks add),
     through a slice of the fleet: the gateway's own admission and routing in front, the engine
     guard set. The fleet is symmetric, so `doubling_replicas` replicas with their share of the
-    users stand for the whole."""
+    users stand for the whole. Each thermal-on run carries `cooling`: what its load (its mix
+    at the loaded clock, from the thermal-off run) asks of the cooling, and what the card
+    did under the modelled cooling."""
     assert fig.gateway_cap is not None
     k = max(1, min(replicas, req.doubling_replicas))
     budget = req.slo.ttft_ms / 1000.0
@@ -182,7 +205,7 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
                                 duration_s=req.doubling_hours * 3600.0, warmup_s=60.0,
                                 seed=req.seed + 1000 + factor, slo=req.slo).point
             r = p["requests"]
-            runs.append({
+            run: dict[str, Any] = {
                 "traffic": traffic, "thermal_model": thermal, "users_simulated": users,
                 "requests": r, "shed_share": round(r["shed"] / max(1, r["offered"]), 4),
                 "attainment": p["attainment"],
@@ -191,18 +214,54 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
                 "ttft_ms": p["ttft_ms"], "tpot_ms": p["tpot_ms"],
                 "gateway_queue_max": p["fleet"]["max_queue"],
                 "max_in_flight": p["fleet"]["max_in_flight"], "gpu": p["gpu"],
-            })
+            }
+            if thermal:
+                run["cooling"] = cooling_block(spec, runs[-1]["gpu"], p["gpu"])
+            runs.append(run)
     return {"hours": req.doubling_hours, "users": req.users, "doubled_users": 2 * req.users,
             "replicas": replicas, "replicas_simulated": k, "runs": runs}
 
 
-def launch_commands(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan,
+def cooling_block(spec: EngineSpec, cool: Mapping[str, Any],
+                  hot: Mapping[str, Any]) -> dict[str, Any]:
+    """The thermal verdict of one traffic level: the load's mix at the loaded clock (`cool`,
+    the thermal-off run's gpu block), what that asks of the modelled cooling, and what the
+    card did under it (`hot`, the thermal-on run's)."""
+    profile = thermal_profile_of(spec)
+    need = cooling_need(profile, cool["busy_share"], cool["prefill_share"] or 0.0)
+    return {
+        "profile": {"inlet_c": profile.ambient_c, "r_c_per_w": round(profile.r_c_per_w, 3),
+                    "tau_s": round(profile.tau_s, 1), "slowdown_c": profile.slowdown_c,
+                    "loaded_mhz": profile.loaded_mhz, "source": profile.source},
+        "busy_share": cool["busy_share"], "prefill_share": cool["prefill_share"],
+        **need.to_json(),
+        "held_clock": hot["thermal_slowdown_share"] == 0.0,
+        "slowdown_after_s": hot.get("slowdown_after_s"),
+        "settled_mhz": hot["sm_clock_mhz"]["p50"],
+    }
+
+
+def launch_commands(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan | VLLMPoolPlan,
                     tier: Mapping[str, Any]) -> dict[str, LaunchCommand]:
-    """SGLang's and vLLM's launch commands for one replica at the plan's figures."""
+    """SGLang's and vLLM's launch commands for one replica at the plan's figures (vLLM's only
+    when the figures come from the vLLM model)."""
     assert fig.gateway_cap is not None
     path = model_path(req, fig.weights)
     context = (pool.kv_pool_tokens if pool.kv_pool_tokens < req.model.max_position_embeddings
                else None)
+    if isinstance(pool, VLLMPoolPlan):
+        usable = (pool.num_gpu_blocks - 1) * pool.block_size
+        vllm = VLLMAdapter().launch_command(
+            path, (fig.weights, fig.kv_cache), req.mem_fraction,
+            max_running_requests=fig.gateway_cap, host="0.0.0.0", port=VLLM_PORT,
+            context_length=usable if usable < req.model.max_position_embeddings else None,
+            chunked_prefill_size=pool.max_num_batched_tokens,
+            served_model_name=req.model.name)
+        vllm.notes.append(f"the figures are the vLLM model's (uncalibrated until `twin "
+                          f"calibrate --engine-model vllm`): its pool of {pool.kv_pool_tokens:,} "
+                          "tokens is vLLM's memory rule with assumed overheads; check 'GPU KV "
+                          "cache size' in vLLM's log")
+        return {"vllm": vllm}
     extra = ["--radix-eviction-policy", req.eviction]
     if tier.get("enable"):
         extra += ["--enable-hierarchical-cache", "--hicache-ratio", str(tier["hicache_ratio"])]
@@ -221,10 +280,13 @@ def launch_commands(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan,
 
 def gateway_config(req: PlanRequest, fig: PrecisionFigures, replicas: int) -> dict[str, Any]:
     """The gateway's config file (docs/gateway.md), replicas named sglang-0..R-1 on port
-    30000 (the Kubernetes Services of `chatfleet deploy k8s`; edit the URLs elsewhere)."""
+    30000 (the Kubernetes Services of `chatfleet deploy k8s`; edit the URLs elsewhere), or
+    vllm-0..R-1 on port 8000 for a plan of the vLLM model."""
     assert fig.gateway_cap is not None
+    name, port = (("vllm", VLLM_PORT) if req.engine_model == "vllm"
+                  else ("sglang", SGLANG_PORT))
     doc: dict[str, Any] = {
-        "replicas": [{"name": f"sglang-{i}", "url": f"http://sglang-{i}:{SGLANG_PORT}"}
+        "replicas": [{"name": f"{name}-{i}", "url": f"http://{name}-{i}:{port}"}
                      for i in range(replicas)],
         "cap": fig.gateway_cap,
         "queue_depth": fig.gateway_cap * replicas,
@@ -239,7 +301,8 @@ def gateway_config(req: PlanRequest, fig: PrecisionFigures, replicas: int) -> di
     return doc
 
 
-def host_tier_of(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan) -> dict[str, Any]:
+def host_tier_of(req: PlanRequest, fig: PrecisionFigures,
+                 pool: PoolPlan | VLLMPoolPlan) -> dict[str, Any]:
     """The method's host-tier rule (docs/facts.md#the-method) on the working set of a card's
     users at this precision."""
     assert fig.users_per_card is not None
@@ -247,6 +310,11 @@ def host_tier_of(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan) -> dic
     ws = working_set_tokens(fig.users_per_card, prof.system_prompt_tokens, prof.prompt_groups,
                             prof.history_tokens())
     host_tokens = int(req.host_kv_gib * GIB // pool.kv_bytes_per_token)
+    if isinstance(pool, VLLMPoolPlan):
+        return {"enable": False, "why": "the vLLM model has no host tier (HiCache is "
+                f"SGLang's); the working set is {ws:,} tokens against a pool of "
+                f"{pool.kv_pool_tokens:,}", "working_set_tokens": ws,
+                "host_tokens": host_tokens}
     return {**host_tier(ws, pool.kv_pool_tokens, host_tokens), "working_set_tokens": ws,
             "host_tokens": host_tokens}
 
@@ -295,7 +363,8 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> dict[str, A
     by_precision: dict[str, Any] = {}
     tiers: dict[str, dict[str, Any]] = {}
     for f in figures:
-        entry = {**f.to_json(), "pool": pools[f.name].to_json(), "accuracy": verdicts[f.name]}
+        entry = {**f.to_json(), "pool": pool_json(req, pools[f.name]),
+                 "accuracy": verdicts[f.name]}
         if f.users_per_card:
             entry.update(fleet_size(req.users, f.users_per_card, req.headroom))
             tiers[f.name] = host_tier_of(req, f, pools[f.name])
@@ -326,14 +395,15 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> dict[str, A
         }
         if progress is not None:
             progress("target and doubled traffic through the fleet twin", 1, 1)
-        top = pools[best.name].to_json()
+        top = pool_json(req, pools[best.name])
     else:
         answer = {"recommendation": None, "why_none": why}
-        top = next(iter(pools.values())).to_json()
+        top = pool_json(req, next(iter(pools.values())))
     return {
         **top,
         "schema": PLAN_SCHEMA,
         "chatfleet_version": __version__,
+        "engine_model": req.engine_model,
         "target_users": req.users,
         "slo": req.slo.to_json(),
         "session_profile": {**req.profile.workload().to_json()},

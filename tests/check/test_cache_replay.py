@@ -1,4 +1,5 @@
-"""The cache analysis's replay on hand-made traces (core/cache_analysis.py)."""
+"""The cache analysis's replay on hand-made traces: core/cache (the trace, the ledger, the
+recommendation) and twin/cache_replay.py (the trace through the twin's scheduler)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,23 @@ from array import array
 import pytest
 
 from chatfleet.core import cache_analysis as ca
-from chatfleet.core.cache_analysis import (
-    CacheConfig,
-    Replay,
-    SyntheticConfig,
-    Turn,
-    recommend,
-    replay,
-    summarize,
-    synthetic_trace,
-)
+from chatfleet.core.cache.recommend import recommend, summarize
+from chatfleet.core.cache.replay import CacheConfig, ReplayResult, TurnOutcome
+from chatfleet.core.cache.trace import SyntheticConfig, Turn, synthetic_trace
+from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.engine.radix import RadixCache
+from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.plan import host_tier
+from chatfleet.core.specs import builtin_model, get_gpu, precision
+from chatfleet.twin import cache_replay
+from chatfleet.twin.cache_replay import Replay
+
+L4 = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("bf16", "bf16"))
+
+
+def replay(trace: list[Turn], cfg: CacheConfig) -> ReplayResult:
+    """The replay `chatfleet cache` runs, on the L4 in BF16 (its defaults)."""
+    return cache_replay.replay(trace, cfg, L4)
 
 
 def ids(*ranges: range | list[int]) -> array[int]:
@@ -39,7 +46,7 @@ def two_sessions() -> list[Turn]:
     return [a1, b1, a2]
 
 
-def by_key(res: ca.ReplayResult) -> dict[tuple[str, int], ca.TurnOutcome]:
+def by_key(res: ReplayResult) -> dict[tuple[str, int], TurnOutcome]:
     return {(o.session, o.turn): o for o in res.outcomes}
 
 
@@ -109,8 +116,9 @@ def test_the_replay_drives_the_engine_radix_cache(monkeypatch: pytest.MonkeyPatc
             return _orig(self, *a, **kw)  # type: ignore[operator]
 
         monkeypatch.setattr(RadixCache, name, spy)
-    r = Replay(two_sessions(), CacheConfig(30))
+    r = Replay(two_sessions(), CacheConfig(30), L4)
     assert type(r.tree) is RadixCache
+    assert type(r.scheduler) is Scheduler and r.tree is r.scheduler.tree
     r.run()
     assert calls["match"] >= 3 and calls["evict"] >= 1
     assert calls["insert_below"] >= 3 and calls["lock"] >= 3
@@ -121,7 +129,7 @@ def test_the_replay_drives_the_engine_radix_cache(monkeypatch: pytest.MonkeyPatc
 def small_synthetic(seed: int = 3) -> list[Turn]:
     cfg = SyntheticConfig(sessions=8, turns=5, system_prompt_tokens=512, user_tokens=64,
                           answer_tokens=128, arrival_gap_s=60.0)
-    return synthetic_trace(cfg, random.Random(seed))
+    return synthetic_trace(cfg, random.Random(seed), step_time_model(L4))
 
 
 def test_policies_differ_under_pressure_and_agree_without_it() -> None:
@@ -147,7 +155,7 @@ def test_synthetic_trace_is_seeded_and_sessions_extend_their_prompts() -> None:
 def test_thinking_drops_the_last_reasoning_from_the_cached_prefix() -> None:
     cfg = SyntheticConfig(sessions=1, turns=2, system_prompt_tokens=16, user_tokens=8,
                           answer_tokens=10, length_spread=0.0, reasoning_share=0.5)
-    t1, t2 = synthetic_trace(cfg, random.Random(1))
+    t1, t2 = synthetic_trace(cfg, random.Random(1), step_time_model(L4))
     a2 = by_key(replay([t1, t2], CacheConfig(1000)))[("s1", 2)]
     assert a2.hit_tokens == t1.prompt_len  # the answer's reasoning is not in the next prompt
 
@@ -208,3 +216,25 @@ def test_bad_configurations_are_refused() -> None:
         CacheConfig(100, host_pool_tokens=-1)
     with pytest.raises(ValueError, match="turns must be numbered"):
         replay([Turn("a", 2, 0.0, ids([1]), ids([2]))], CacheConfig(100))
+
+
+def test_the_recommendation_and_the_plan_share_the_host_tier_window() -> None:
+    """`chatfleet cache` and `chatfleet plan` turn a host tier on for the same working sets:
+    larger than the pool, no larger than pool + host (core/plan.in_host_tier_window)."""
+    results = [entry(8192, "lru", 0, False), entry(8192, "lru", 4096, True)]
+    for ws in (6000, 8192, 8193, 12288, 12289, 20000):
+        picked = recommend(results, working_set_peak=ws)["host_pool_tokens"] == 4096
+        assert picked is host_tier(ws, 8192, 4096)["enable"], ws
+
+
+def test_the_ceiling_is_the_schedulers_own_tree_when_nothing_is_evicted() -> None:
+    """The unbounded pool sees the scheduler's inserts: with a pool nothing fills, every turn's
+    hit is its ceiling; with a small pool, no turn hits more than its ceiling."""
+    trace = small_synthetic()
+    roomy = replay(trace, CacheConfig(ca.unbounded_pool(trace)))
+    assert roomy.evicted_tokens == 0
+    assert all(o.hit_tokens == o.ceiling_tokens for o in roomy.outcomes)
+    tight = replay(trace, CacheConfig(2500))
+    assert tight.evicted_tokens > 0
+    assert all(o.hit_tokens <= o.ceiling_tokens for o in tight.outcomes)
+    assert any(o.returned_tokens > 0 for o in tight.outcomes)

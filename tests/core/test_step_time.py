@@ -241,3 +241,11 @@ def test_recompute_chunks_like_the_scheduler() -> None:
                 + BF16.prefill_s(904, attention_pairs(4096, 904), 4096, 1))
     assert BF16.recompute_s(5000) == pytest.approx(expected, rel=1e-12)
     assert BF16.recompute_s(0) == 0
+
+
+def test_recompute_after_a_cached_prefix_reads_it_and_attends_over_it() -> None:
+    # 3000 new tokens after 1000 cached: chunks of 2048 + 952 starting at 1000
+    expected = (BF16.prefill_s(2048, attention_pairs(1000, 2048), 1000, 0)
+                + BF16.prefill_s(952, attention_pairs(3048, 952), 3048, 1))
+    assert BF16.recompute_s(3000, cached=1000) == pytest.approx(expected, rel=1e-12)
+    assert BF16.recompute_s(3000, cached=1000) > BF16.recompute_s(3000)

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
+from chatfleet.cli.plan import cooling_lines
 from chatfleet.gateway.config import parse_config
 
 runner = CliRunner()
@@ -117,6 +118,42 @@ def test_doubling_shows_the_sheds_and_the_clocks(answer: dict[str, Any]) -> None
     assert max(cool["max_in_flight"]) <= answer["recommendation"]["gateway_cap"]
     assert cool["gpu"]["thermal_slowdown_share"] == 0.0
     assert hot["gpu"]["sm_clock_mhz"]["min"] < cool["gpu"]["sm_clock_mhz"]["min"]
+
+
+def test_doubling_says_whether_the_card_holds_its_clock_and_what_would(
+        answer: dict[str, Any]) -> None:
+    runs = {(r["traffic"], r["thermal_model"]): r for r in answer["doubling"]["runs"]}
+    for traffic in ("target", "doubled"):
+        cool, hot = runs[traffic, False], runs[traffic, True]
+        assert "cooling" not in cool
+        c = hot["cooling"]
+        # the load's mix at the loaded clock comes from the thermal-off run
+        assert c["busy_share"] == cool["gpu"]["busy_share"]
+        assert c["loaded_power_w"] == pytest.approx(cool["gpu"]["power_w"]["at_loaded_clock"],
+                                                    abs=0.01)
+        assert c["held_clock"] == (hot["gpu"]["thermal_slowdown_share"] == 0.0)
+        # what the mix asks of the cooling agrees with what the card did under it
+        assert c["holds_clock"] == c["held_clock"]
+        assert not c["held_clock"]  # a saturated L4 under the fitted cooling
+        assert c["max_r_c_per_w"] < c["profile"]["r_c_per_w"]
+        assert c["settled_mhz"] == hot["gpu"]["sm_clock_mhz"]["p50"]
+    text = words("\n".join(cooling_lines(answer["doubling"])))
+    assert text.count("throttles after") == 2
+    assert text.count("to hold the clock: cooling with at most") == 2
+    assert f"{runs['target', True]['cooling']['max_r_c_per_w']:.2f} C/W" in text
+    assert "--clock-floor" in text
+    assert "note: the thermal model" not in text
+
+
+def test_cooling_lines_for_a_card_that_holds_its_clock(answer: dict[str, Any]) -> None:
+    doubling = json.loads(json.dumps(answer["doubling"]))
+    for r in doubling["runs"]:
+        if r.get("cooling"):
+            r["cooling"].update(held_clock=True, holds_clock=True, steady_temp_c=80.0)
+    text = words("\n".join(cooling_lines(doubling)))
+    assert text.count("holds its clock") == 2
+    assert "to hold the clock" not in text and "throttles" not in text
+    assert "settling at 80 C" in text
 
 
 def write_accuracy(path: Path, lo: float, hi: float) -> Path:

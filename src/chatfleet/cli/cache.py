@@ -23,25 +23,23 @@ from chatfleet.cli.common import (
     uncalibrated_note,
     write_json_atomic,
 )
-from chatfleet.core.cache_analysis import (
+from chatfleet.core.cache.recommend import cache_document, summarize
+from chatfleet.core.cache.replay import CacheConfig, unbounded_pool
+from chatfleet.core.cache.trace import (
     UNIQUE_ID_BASE,
-    CacheConfig,
     SyntheticConfig,
     Turn,
     answer_ids,
-    cache_document,
     check_trace,
     count_prompt_ids,
-    replay,
     sort_trace,
-    summarize,
     synthetic_trace,
-    unbounded_pool,
 )
 from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.jsonl import json_objects
 from chatfleet.core.specs import precision
+from chatfleet.twin.cache_replay import replay
 
 
 def parse_sizes(text: str, what: str, allow_zero: bool = False) -> list[int]:
@@ -170,7 +168,7 @@ def results_table(doc: dict[str, Any]) -> Table:
     t = Table(title="prefix cache: hit rate per turn (turn 1 first) against an unbounded pool",
               caption=f"holds: every turn within {doc['hold_tolerance']:.2f} of the unbounded "
                       f"pool; thrash: later turns {doc['thrash_gap']:.2f} or more below it; "
-                      f"TTFT estimated (ms)")
+                      f"TTFT from the twin's scheduler (ms)")
     for col, just in (("pool", "right"), ("policy", "left"), ("host", "right"),
                       ("hit rate", "right"), ("by turn", "left"), ("evicted+returned", "right"),
                       ("TTFT p50", "right"), ("TTFT p99", "right"), ("verdict", "left")):
@@ -185,7 +183,7 @@ def results_table(doc: dict[str, Any]) -> Table:
     return t
 
 
-# the synthetic trace's defaults: one place (core/cache_analysis.py), the CLI shows them
+# the synthetic trace's defaults: one place (core/cache/trace.py), the CLI shows them
 SYNTH = SyntheticConfig()
 
 
@@ -266,19 +264,19 @@ def cache(
         target = {"gpu": spec.gpu.name, "calibrated": spec.is_calibrated,
                   "model": spec.model.name, "weights": weights,
                   "kv_cache": kv_cache, "card_pool_tokens": card_pool,
-                  "ttft_model": "chunked prefill of the uncached tokens at batch 1 plus host "
-                                "load-back over PCIe, plus any wait for pool room"}
+                  "ttft_model": "the twin's scheduler (SGLang v0.5 model) in virtual time: "
+                                "queueing for pool room and behind other prefills, chunked "
+                                "prefill-first batches, host load-back over PCIe"}
         grid = [(p, pol, h) for p in pools for pol in policies for h in hosts]
         results: list[dict[str, Any]] = []
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task("replaying the trace", total=len(grid) + 1)
-            reference = replay(turns_list, CacheConfig(unbounded_pool(turns_list)), step_model)
+            reference = replay(turns_list, CacheConfig(unbounded_pool(turns_list)), spec)
             bar.advance(task)
             for p, pol, h in grid:
                 bar.update(task, description=f"pool {p}, {pol}, host {h}")
-                results.append(summarize(replay(turns_list, CacheConfig(p, pol, h),
-                                                step_model)))
+                results.append(summarize(replay(turns_list, CacheConfig(p, pol, h), spec)))
                 bar.advance(task)
         doc = cache_document(trace_info, target, reference, results, card_pool)
         if out_path is not None:

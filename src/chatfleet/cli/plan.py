@@ -35,7 +35,8 @@ def plan(
     kv_cache: str = typer.Option("bf16", "--kv-cache", help="Pool sizing only: KV cache "
                                  "precision, bf16 or fp8."),
     mem_fraction: float | None = typer.Option(
-        None, help="SGLang's --mem-fraction-static; default: SGLang's rule for the card."),
+        None, help="SGLang's --mem-fraction-static; default: SGLang's rule for the card (the "
+        "vLLM model: --gpu-memory-utilization, default 0.9)."),
     request_tokens: int = typer.Option(640, help="Pool sizing only: tokens one request adds."),
     system_prompt_tokens: int = typer.Option(2048, help="Tokens of the shared system prompt."),
     users: int | None = typer.Option(None, help="Concurrent users to serve: gives the full "
@@ -75,10 +76,20 @@ def plan(
     gateway_config_out: Path | None = typer.Option(
         None, "--gateway-config-out", help="Write the gateway's config file (YAML) here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    engine_model: str = typer.Option(
+        "sglang", help="The engine the plan is for: sglang (SGLang's pool rule and twin) or "
+        "vllm (vLLM's pool rule, the vLLM twin's knee, vLLM's launch command)."),
 ) -> None:
-    """Size the KV pool the way SGLang does; with --users, answer how many users fit on a
-    card, which precision to serve, which caps, how many cards, and how to launch it."""
+    """Size the KV pool the way SGLang (or vLLM) does; with --users, answer how many users fit
+    on a card, which precision to serve, which caps, how many cards, and how to launch it."""
+    if engine_model not in ("sglang", "vllm"):
+        with clean_errors():
+            fail(f"--engine-model {engine_model!r}: choose sglang or vllm")
     if users is None and not sweep:
+        if engine_model == "vllm":
+            vllm_pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
+                           system_prompt_tokens, as_json)
+            return
         pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
                   system_prompt_tokens, as_json)
         return
@@ -101,7 +112,7 @@ def plan(
             grid=tuple(parse_list(grid, int, "--grid")),
             rates=tuple(parse_list(rates, float, "--rates")), duration_s=duration,
             warmup_s=warmup, seed=seed, doubling_hours=doubling_hours, eviction=eviction,
-            model_path=model_path, cap_margin=cap_margin)
+            model_path=model_path, cap_margin=cap_margin, engine_model=engine_model)
         req.profile.workload()  # bad lengths or turns fail here, before any work
         with progress_bars() as progress:
             doc = make_plan(req, progress)
@@ -172,22 +183,67 @@ def print_answer(doc: dict[str, Any]) -> None:
                   f"{g['sm_clock_mhz']['p50']:.0f}/{g['sm_clock_mhz']['min']:.0f}",
                   fmt(g["temp_c"]["max"], ".1f"), f"{g['thermal_slowdown_share']:.1%}")
     out.print(t)
-    hot = [r for r in d["runs"] if r["thermal_model"] and r["traffic"] == "target"]
-    if hot and (hot[0]["admitted_attainment"] or 0.0) < doc["slo"]["attainment"]:
-        out.print("  note: the thermal model (docs/calibration.md: fitted to one overload "
-                  "measurement, 35 C inlet) throttles a passively cooled L4 under any sustained "
-                  "full load; the knee holds only while the card stays under its slowdown "
-                  "temperature: record clocks in the pre-launch sweep (--telemetry nvml, "
-                  "--clock-floor)", highlight=False)
+    for line in cooling_lines(d):
+        out.print(line, highlight=False)
     out.print(f"host tier: {'HiCache on' if doc['host_tier']['enable'] else 'off'}: "
               f"{doc['host_tier']['why']}")
-    for engine in ("sglang", "vllm"):
-        cmd = doc["launch"][engine]
+    for engine, cmd in doc["launch"].items():
         out.print(f"\n[bold]{engine}:[/] {cmd['shell']}", highlight=False, soft_wrap=True)
         for note in cmd["notes"]:
             out.print(f"  note: {note}", highlight=False)
     out.print("\n[bold]gateway config:[/]")
     out.print(gateway_yaml(doc), highlight=False, soft_wrap=True)
+
+
+COLDEST_INLET_C = 18.0  # the low end of ASHRAE's recommended data-centre inlet range
+
+
+def cooling_lines(doubling: dict[str, Any]) -> list[str]:
+    """What the thermal-on runs say, in words a user can act on: whether the card holds its
+    clock at each traffic level under the modelled cooling, and if not, what would."""
+    hot = [r for r in doubling["runs"] if r.get("cooling")]
+    if not hot:
+        return []
+    prof = hot[0]["cooling"]["profile"]
+    hold = hot[0]["cooling"]["hold_w"]
+    lines = [f"thermal: the modelled cooling is fitted to the L4 overload measurement "
+             f"(docs/calibration.md): {prof['inlet_c']:g} C inlet, {prof['r_c_per_w']:.2f} C/W, "
+             f"so it sheds {hold:.1f} W at the {prof['slowdown_c']:g} C slowdown point"]
+    for r in hot:
+        c = r["cooling"]
+        mix = (f"its load draws {c['loaded_power_w']:.1f} W at {prof['loaded_mhz']:.0f} MHz "
+               f"(busy {c['busy_share']:.0%}, {c['prefill_share'] or 0:.0%} of that prefill; "
+               f"decode alone {c['decode_power_w']:.1f} W)")
+        head = f"  {r['traffic']} ({r['users_simulated']} users on the slice): "
+        if c["held_clock"]:
+            lines.append(head + f"holds its clock: {mix}, settling at "
+                         f"{c['steady_temp_c']:.0f} C.")
+            continue
+        after = c["slowdown_after_s"]
+        when = f"after {after / 60:.1f} min " if after is not None else ""
+        lines.append(head + f"throttles {when}to {c['settled_mhz']:.0f} MHz "
+                     f"({r['gpu']['thermal_slowdown_share']:.0%} of busy time in slowdown, "
+                     f"admitted attainment {fmt(r['admitted_attainment'], '.3f')}): {mix}.")
+        fixes = [f"cooling with at most {c['max_r_c_per_w']:.2f} C/W at a {prof['inlet_c']:g} C "
+                 f"inlet ({c['cooling_factor']:.1f}x better than modelled: more airflow "
+                 f"through the card)"]
+        if c["max_inlet_c"] >= COLDEST_INLET_C:
+            fixes.append(f"an inlet at or below {c['max_inlet_c']:.0f} C at the modelled cooling")
+        else:
+            fixes.append(f"no practical inlet does it at the modelled cooling (it would take "
+                         f"{c['max_inlet_c']:.0f} C)")
+        if c["decode_power_w"] <= hold:
+            fixes.append(f"a power limit of {hold:.0f} W (nvidia-smi -pl) keeps decode at full "
+                         f"speed and slows only prefill")
+        if c["max_busy_share"] < c["busy_share"]:
+            fixes.append(f"or the card busy at most {c['max_busy_share']:.0%} of the time (a "
+                         f"lower cap does not do it: these users send their next request at "
+                         f"once; with real think time, --turns and --think-time, the card "
+                         f"rests between turns)")
+        lines.append("    to hold the clock: " + "; ".join(fixes) + ".")
+    lines.append("  the cooling is one measured card's, yours decides: record clocks in the "
+                 "pre-launch sweep (chatfleet sweep --telemetry nvml --clock-floor MHZ).")
+    return lines
 
 
 def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: float | None,
@@ -202,6 +258,47 @@ def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: f
     out.print(pool_table(p))
     if not p.calibrated:
         out.print(f"[yellow]{uncalibrated_note(p.gpu)}[/]", highlight=False)
+
+
+def vllm_pool_only(gpu: str, model: str, weights: str, kv_cache: str, util: float | None,
+                   request_tokens: int, system_prompt_tokens: int, as_json: bool) -> None:
+    """vLLM's memory rule (core/memory.py: its overheads are assumed, not measured)."""
+    from chatfleet.core.memory import plan_vllm_pool
+
+    with clean_errors():
+        if request_tokens <= 0 or system_prompt_tokens < 0:
+            fail("--request-tokens must be positive and --system-prompt-tokens not negative")
+        p = plan_vllm_pool(load_gpu(gpu), load_model(model), weights, kv_cache,
+                           gpu_memory_utilization=util)
+    fit = max(0, (p.kv_pool_tokens - system_prompt_tokens) // request_tokens)
+    prompts = p.kv_pool_tokens // system_prompt_tokens if system_prompt_tokens else 0
+    if as_json:
+        print_json({**p.to_json(), "request_tokens": request_tokens,
+                    "system_prompt_tokens": system_prompt_tokens, "requests_fit": fit,
+                    "prompts_fit": prompts})
+        return
+    t = Table(title=f"vLLM KV pool: {p.model} on {p.gpu}, weights {p.weights}, KV "
+              f"{p.kv_cache} [yellow](vLLM's rule with assumed overheads: uncalibrated)[/]")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    rows = [
+        ("card memory (total)", f"{p.total_gib:.3f} GiB"),
+        ("gpu_memory_utilization", f"{p.gpu_memory_utilization:g}"),
+        ("weights", f"{p.weights_gib:.3f} GiB"),
+        ("activation peak (assumed)", f"{p.activation_peak_gib:.3f} GiB"),
+        ("non-torch + CUDA graphs (assumed)", f"{p.non_torch_gib + p.cudagraph_gib:.3f} GiB"),
+        ("KV cache", f"{p.kv_cache_gib:.3f} GiB"),
+        ("KV pool", f"{p.kv_pool_tokens:,} tokens ({p.num_gpu_blocks:,} blocks of "
+                    f"{p.block_size})"),
+        ("max_num_batched_tokens / max_num_seqs",
+         f"{p.max_num_batched_tokens} / {p.max_num_seqs}"),
+        (f"requests that fit ({request_tokens} tokens each, one shared prompt cached)",
+         f"{fit:,}"),
+        (f"shared prompts that fit ({system_prompt_tokens} tokens each)", f"{prompts:,}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    out.print(t)
 
 
 def pool_table(p: PoolPlan) -> Table:

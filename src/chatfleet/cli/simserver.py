@@ -1,4 +1,5 @@
-"""`chatfleet simserver`: the engine twin served live as SGLang-like OpenAI replicas."""
+"""`chatfleet simserver`: the engine twin served live as SGLang-like or vLLM-like OpenAI
+replicas (`--engine-model`)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def simserver(
                              "seed itself, the same for every replica)."),
     trace: Path | None = typer.Option(None, help="Write every token's planned and actual send "
                                       "time and every scheduler step here (JSON lines)."),
-    max_running_requests: int | None = typer.Option(None, help="Engine cap."),
+    max_running_requests: int | None = typer.Option(
+        None, help="Engine cap (the vLLM model's --max-num-seqs)."),
     eviction: str = typer.Option("lru", help="Radix eviction policy."),
     host_pool_tokens: int = typer.Option(0, help="HiCache host tier size in tokens."),
     pool_tokens: int | None = typer.Option(None, help="Override the planned KV pool."),
@@ -53,8 +55,16 @@ def simserver(
     oracle_accuracy: float = typer.Option(
         1.0, help="Oracle mode: probability that a question is answered right, drawn per "
                   "question from --seed."),
+    engine_model: str = typer.Option(
+        "sglang", help="sglang: SGLang v0.5's scheduler and admin routes; vllm: vLLM 0.26's "
+        "scheduler, /reset_prefix_cache, /server_info, /version and vllm:* metrics."),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, help="vLLM model: the token budget per step (default: vLLM's for the card)."),
+    long_prefill_token_threshold: int = typer.Option(
+        0, help="vLLM model: cap on one request's prefill chunk (0: off)."),
 ) -> None:
-    """Serve the engine model over HTTP in wall-clock time, as SGLang would on that GPU."""
+    """Serve the engine model over HTTP in wall-clock time, as SGLang (or vLLM) would on that
+    GPU."""
     from chatfleet.simserver.server import ServerConfig, start
 
     with clean_errors():
@@ -75,13 +85,16 @@ def simserver(
             fail(f"--oracle-dataset: no file {oracle_dataset}")
         if not 0 <= port <= 65535 or (port and port + replicas - 1 > 65535):
             fail(f"--port {port} with {replicas} replicas is outside 0..65535")
-        from chatfleet.cli.twin import profile_calibration
+        from chatfleet.cli.twin import engine_model_args, profile_calibration
 
         spec = EngineSpec(load_gpu(gpu), load_model(model), precision(weights, kv_cache),
                           pool_tokens=pool_tokens, max_running_requests=max_running_requests,
                           eviction_policy=eviction, host_pool_tokens=host_pool_tokens,
-                          thermal=thermal, calibration=profile_calibration(profile, gpu))
-        spec.pool_plan()
+                          thermal=thermal,
+                          calibration=profile_calibration(profile, gpu, engine_model),
+                          **engine_model_args(engine_model, max_num_batched_tokens,
+                                              long_prefill_token_threshold))
+        spec.kv_pool_tokens()
         cfg = ServerConfig(spec=spec, host=host, port=port, replicas=replicas,
                            time_scale=time_scale, seed=seed, trace=trace,
                            served_model_name=served_model_name,
@@ -100,7 +113,8 @@ def simserver(
             out.print(url, highlight=False)
         cal = "" if spec.is_calibrated else " (uncalibrated)"
         console.print(f"simserver: {spec.model.name} on {spec.gpu.name}{cal}, "
-                      f"{spec.precision.label}, time scale {time_scale}; Ctrl-C stops")
+                      f"{spec.precision.label}, {engine_model} model, time scale "
+                      f"{time_scale}; Ctrl-C stops")
         if not spec.is_calibrated:
             console.print(f"[yellow]{uncalibrated_note(spec.gpu.name)}[/]", highlight=False)
         if oracle_note is not None:

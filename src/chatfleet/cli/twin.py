@@ -31,8 +31,11 @@ from chatfleet.twin.fleet import MEASURED_HOP_S
 from chatfleet.twin.run import is_calibrated
 from chatfleet.twin.sweep import TwinSweep
 
-twin_app = typer.Typer(help="The engine twin: SGLang on a given GPU, in virtual time.",
+twin_app = typer.Typer(help="The engine twin: SGLang or vLLM on a given GPU, in virtual time.",
                        no_args_is_help=True)
+
+ENGINE_MODEL_HELP = ("The engine model: sglang (v0.5, prefill first) or vllm (0.26 V1: token "
+                     "budget, mixed batches, block prefix cache); docs/twin.md.")
 
 
 def parse_arrival(text: str) -> float:
@@ -164,16 +167,40 @@ def knee_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def profile_calibration(profile: Path | None, gpu: str) -> Calibration | None:
+def engine_model_args(engine_model: str, max_num_batched_tokens: int | None,
+                      long_prefill_token_threshold: int) -> dict[str, Any]:
+    """The EngineSpec fields of --engine-model and its vLLM-only flags, checked."""
+    from chatfleet.core.engine.build import ENGINE_MODELS
+
+    if engine_model not in ENGINE_MODELS:
+        fail(f"--engine-model {engine_model!r}: choose {' or '.join(ENGINE_MODELS)}")
+    if engine_model != "vllm" and (max_num_batched_tokens is not None
+                                   or long_prefill_token_threshold):
+        fail("--max-num-batched-tokens and --long-prefill-token-threshold need "
+             "--engine-model vllm")
+    if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
+        fail("--max-num-batched-tokens must be at least 1")
+    if long_prefill_token_threshold < 0:
+        fail("--long-prefill-token-threshold must not be negative")
+    return {"engine_model": engine_model, "max_num_batched_tokens": max_num_batched_tokens,
+            "long_prefill_token_threshold": long_prefill_token_threshold}
+
+
+def profile_calibration(profile: Path | None, gpu: str,
+                        engine_model: str = "sglang") -> Calibration | None:
     if profile is None:
         return None
     from chatfleet.core.specs import get_gpu
     from chatfleet.twin.calibrate import load_profile
 
-    cal, _ = load_profile(profile)
+    cal, doc = load_profile(profile)
     if get_gpu(gpu).name != cal.gpu:
         console.print(f"[yellow]note:[/] profile {profile} was fitted on {cal.gpu}, used for "
                       f"{gpu}: the results are marked uncalibrated")
+    fitted_for = doc.get("engine_model", "sglang")
+    if fitted_for != engine_model:
+        console.print(f"[yellow]note:[/] profile {profile} was fitted for the {fitted_for} "
+                      f"engine model, used with the {engine_model} one")
     return cal
 
 
@@ -187,23 +214,51 @@ def calibrate_cmd(
     kv_cache: str | None = typer.Option(None, "--kv-cache", help="Default: target.kv_cache."),
     gemm_eff: float = typer.Option(0.5, help="Assumed GEMM efficiency of its prefill."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
+    engine_model: str | None = typer.Option(
+        None, help="sglang or vllm (default: the sweep's target.engine: vllm for a vLLM "
+        "sweep, sglang otherwise)."),
+    fit_points: str | None = typer.Option(
+        None, help="Closed-loop user counts to fit, concurrency 1 first (sglang: 1; vllm: 1 "
+        "and one more, default the largest tested <= 16)."),
+    bandwidth_eff: float | None = typer.Option(
+        None, help="Hold the bandwidth efficiency here and fit the decode fixed cost instead "
+        "(the vLLM model's default holds the L4 fit's)."),
+    frontend_ms: str = typer.Option(
+        "0", help="vLLM model: the API server's time per request before the engine sees it, "
+        "taken from the concurrency-1 TTFT (ms), or auto: searched on the second point's "
+        "TTFT (fragile with fixed lengths, docs/twin.md)."),
 ) -> None:
-    """Fit the twin's step-time constants to a live sweep's concurrency-1 point and report
-    the fit's error on the sweep's other points."""
+    """Fit the twin's step-time constants to a live sweep (its concurrency-1 point; the vLLM
+    model a second point too) and report the fit's error on the sweep's other points."""
     from chatfleet.twin.calibrate import calibrate
 
     with clean_errors():
+        points = parse_list(fit_points, int, "--fit-points") if fit_points else None
+        frontend: float | str = "auto"
+        if frontend_ms != "auto":
+            try:
+                frontend = float(frontend_ms) / 1000
+            except ValueError:
+                fail(f"--frontend-ms {frontend_ms!r}: a number of milliseconds or auto")
         prof = calibrate(from_, gpu=gpu, model=model, weights=weights, kv_cache=kv_cache,
-                         gemm_eff=gemm_eff)
+                         gemm_eff=gemm_eff, engine_model=engine_model, fit_points=points,
+                         bandwidth_eff=bandwidth_eff, frontend_s=frontend)
         write_json_atomic(out_path, prof)
     if as_json:
         print_json(prof)
         return
     cal = prof["calibration"]
-    out.print(f"profile for {prof['gpu']} {prof['weights']}/{prof['kv_cache']}: bandwidth "
+    out.print(f"profile for {prof['gpu']} {prof['weights']}/{prof['kv_cache']} "
+              f"({prof['engine_model']} model, fitted on "
+              f"{', '.join(map(str, prof['fit_points']))} users): bandwidth "
               f"efficiency {cal['bandwidth_eff']:.3f}, prefill fixed "
               f"{cal['prefill_fixed_s'] * 1000:.1f} ms, decode fixed "
-              f"{cal['decode_fixed_s'] * 1000:.1f} ms")
+              f"{cal['decode_fixed_s'] * 1000:.1f} ms"
+              + (f", per sequence {cal['per_seq_s'] * 1e6:.0f} us, front end "
+                 f"{cal['frontend_s'] * 1000:.1f} ms per request"
+                 if prof["engine_model"] == "vllm" else ""))
+    for note in prof.get("fit_notes") or ():
+        out.print(f"note: {note}")
     t = Table(title="fit error on the sweep's points (twin against live, medians)")
     for col in ("load", "fitted on", "TTFT live", "TTFT twin", "TPOT live", "TPOT twin",
                 "tok/s live", "tok/s twin"):
@@ -246,12 +301,15 @@ def sweep(
     reasoning_share: float = typer.Option(0.0, help="Share of each answer that is reasoning "
                                           "(0: thinking off)."),
     ramp_up: float = typer.Option(0.0, help="Closed loop: spread user starts over S seconds."),
-    max_running_requests: int | None = typer.Option(None, help="Engine cap (SGLang's flag)."),
+    max_running_requests: int | None = typer.Option(
+        None, help="Engine cap (SGLang's flag; the vLLM model's --max-num-seqs)."),
     schedule_policy: str = typer.Option("fcfs", help="fcfs or lpm."),
     eviction: str = typer.Option("lru", help=f"Radix eviction: {', '.join(EVICTION_POLICIES)}."),
     host_pool_tokens: int = typer.Option(0, help="HiCache host tier size in tokens (0: off)."),
     pool_tokens: int | None = typer.Option(None, help="Override the planned KV pool (what-if)."),
-    mem_fraction: float | None = typer.Option(None, help="SGLang's --mem-fraction-static."),
+    mem_fraction: float | None = typer.Option(
+        None, help="SGLang's --mem-fraction-static (the vLLM model's "
+        "--gpu-memory-utilization)."),
     duration: float = typer.Option(300.0, help="Measurement window, virtual seconds."),
     warmup: float = typer.Option(30.0, help="Warm-up before the window, virtual seconds."),
     seed: int = typer.Option(1, help="Base seed; point i uses seed + i."),
@@ -266,6 +324,11 @@ def sweep(
                                 "rate)."),
     profile: Path | None = typer.Option(None, help="A calibration profile from `chatfleet "
                                         "twin calibrate` (replaces the built-in constants)."),
+    engine_model: str = typer.Option("sglang", help=ENGINE_MODEL_HELP),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, help="vLLM model: the token budget per step (default: vLLM's for the card)."),
+    long_prefill_token_threshold: int = typer.Option(
+        0, help="vLLM model: cap on one request's prefill chunk (0: off)."),
     replicas: int = typer.Option(1, help="Replicas behind the gateway's admission and routing "
                                  "(with --cap): the load is the whole fleet's."),
     cap: int | None = typer.Option(None, help="Gateway cap on requests in flight per replica: "
@@ -291,8 +354,11 @@ def sweep(
             mem_fraction=mem_fraction, pool_tokens=pool_tokens,
             max_running_requests=max_running_requests, schedule_policy=schedule_policy,
             eviction_policy=eviction, host_pool_tokens=host_pool_tokens, thermal=thermal,
-            calibration=profile_calibration(profile, gpu),
+            calibration=profile_calibration(profile, gpu, engine_model),
+            **engine_model_args(engine_model, max_num_batched_tokens,
+                                long_prefill_token_threshold),
         )
+        spec.kv_pool_tokens()  # a card the model leaves no pool on fails here, in one line
         wcfg = WorkloadConfig(
             system_prompt_tokens=system_prompt_tokens, prompt_groups=prompt_groups,
             group_draw=parse_group_draw(group_draw),
@@ -307,13 +373,14 @@ def sweep(
         if cap is not None or replicas > 1:
             from chatfleet.twin.fleet import FleetConfig
 
-            fleet = FleetConfig(replicas=replicas, cap=cap or spec.pool_plan().kv_pool_tokens,
+            fleet = FleetConfig(replicas=replicas, cap=cap or spec.kv_pool_tokens(),
                                 queue_depth=queue_depth, ttft_budget_s=slo.ttft_ms / 1000,
                                 prefill_reserve_s=prefill_reserve_ms / 1000,
                                 affinity=affinity, hop_s=hop_ms / 1000)
         sweeper = TwinSweep(spec, wcfg, slo, duration_s=duration, warmup_s=warmup, seed=seed,
                             fleet=fleet, cap_margin=cap_margin)
         title = (f"twin: {spec.model.name} on {spec.gpu.name}, {spec.precision.label}"
+                 + (f", {engine_model} model" if engine_model != "sglang" else "")
                  + ("" if is_calibrated(spec) else " (uncalibrated)"))
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:

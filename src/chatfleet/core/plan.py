@@ -224,13 +224,19 @@ def working_set_tokens(users: int, system_prompt_tokens: int, prompt_groups: int
     return int(system_prompt_tokens * prompt_groups + users * max(0.0, context_tokens))
 
 
+def in_host_tier_window(working_set: int, pool_tokens: int, host_tokens: int) -> bool:
+    """The method's rule (docs/facts.md#the-method): a host tier helps only when the working
+    set is larger than the GPU pool and no larger than GPU plus host. `plan` and the cache
+    analysis's recommendation both ask it."""
+    return pool_tokens < working_set <= pool_tokens + host_tokens
+
+
 def host_tier(working_set: int, pool_tokens: int, host_tokens: int) -> dict[str, Any]:
-    """The method's rule (docs/facts.md#the-method): a host tier only when the working set is
-    larger than the GPU pool and smaller than GPU plus host."""
+    """The host-tier flags for a working set: on inside its window (`in_host_tier_window`)."""
     if working_set <= pool_tokens:
         return {"enable": False, "why": f"the working set ({working_set:,} tokens) fits the "
                 f"pool ({pool_tokens:,})"}
-    if working_set <= pool_tokens + host_tokens:
+    if in_host_tier_window(working_set, pool_tokens, host_tokens):
         ratio = math.ceil(10.0 * working_set / pool_tokens) / 10.0
         return {"enable": True, "hicache_ratio": max(ratio, 1.1),
                 "why": f"the working set ({working_set:,}) outgrows the pool ({pool_tokens:,}) "

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.engine.build import EngineSpec, build_engine
+from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
 from chatfleet.core.metrics import SLO, summarize_point
@@ -85,7 +85,7 @@ class _Attempt:
 
 @dataclass(slots=True)
 class _FleetRun:
-    scheds: list[Scheduler]
+    scheds: list[EngineModel]
     names: list[str]
     loop: EventLoop
     driver: ClosedLoop | OpenLoop
@@ -233,7 +233,7 @@ def run_fleet_point(
     Replica names matter: rendezvous hashing places sessions by name (the parity check names
     them as the live fleet does)."""
     slo = slo or SLO()
-    scheds = [build_scheduler(spec) for _ in range(fleet.replicas)]
+    scheds = [build_engine(spec) for _ in range(fleet.replicas)]
     names = replica_names or [f"twin-{i}" for i in range(fleet.replicas)]
     if len(names) != fleet.replicas or len(set(names)) != len(names):
         raise ValueError(f"need {fleet.replicas} distinct replica names, got {names}")

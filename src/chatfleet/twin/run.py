@@ -14,10 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatfleet import __version__
-from chatfleet.core.calibration import thermal_profile
-from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.engine.build import (
+    ENGINE_MODEL_VERSIONS,
+    EngineSpec,
+    build_engine,
+    thermal_profile_of,
+)
+from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import (
@@ -37,14 +41,14 @@ Load = dict[str, Any]
 class PointRun:
     point: dict[str, Any]
     records: list[RequestRecord]
-    scheduler: Scheduler
+    scheduler: EngineModel
     num_events: int
 
 
-Route = Callable[[RequestSpec, list[Scheduler]], int]
+Route = Callable[[RequestSpec, list[EngineModel]], int]
 
 
-def route_by_user(spec: RequestSpec, replicas: list[Scheduler]) -> int:
+def route_by_user(spec: RequestSpec, replicas: list[EngineModel]) -> int:
     """The default seam until the gateway's routing lands: a user's requests stay on one
     replica (user index modulo replica count)."""
     return spec.user % len(replicas)
@@ -52,7 +56,7 @@ def route_by_user(spec: RequestSpec, replicas: list[Scheduler]) -> int:
 
 @dataclass(slots=True)
 class _Run:
-    scheds: list[Scheduler]
+    scheds: list[EngineModel]
     loop: EventLoop
     driver: ClosedLoop | OpenLoop
     window_end: float
@@ -106,7 +110,7 @@ class _Run:
                            spec.scheduled_time, outcome)
 
 
-def kick(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int, now: float,
+def kick(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int, now: float,
          horizon: float, step_end: Callable[[tuple[int, int], float], Iterable[Event]],
          ) -> list[Event]:
     """Start replica i's next step if it is idle with work; its end event carries a fresh
@@ -116,12 +120,16 @@ def kick(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int, 
         return []
     step = sched.schedule(now, horizon=horizon)
     if step is None:
+        wake = sched.next_ready_time()
+        if wake is not None and wake > now:  # a request the engine does not see yet
+            return [loop.at(wake, lambda j, t: kick(loop, scheds, step_gen, j, t, horizon,
+                                                      step_end), i)]
         return []
     step_gen[i] += 1
     return [loop.at(step.end, step_end, (i, step_gen[i]))]
 
 
-def add_request(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int,
+def add_request(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int,
                 req: EngineRequest, now: float, horizon: float,
                 step_end: Callable[[tuple[int, int], float], Iterable[Event]]) -> list[Event]:
     """Hand `req` to replica i's scheduler: a decode run in progress must stop after the step
@@ -137,7 +145,7 @@ def add_request(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i
     return kick(loop, scheds, step_gen, i, now, horizon, step_end)
 
 
-def make_record(sched: Scheduler, replica: str, spec: RequestSpec, req: EngineRequest,
+def make_record(sched: EngineModel, replica: str, spec: RequestSpec, req: EngineRequest,
                 request_id: str, arrived: float, outcome: str) -> RequestRecord:
     """The record of a request the engine model served (token times from its step log)."""
     times = sched.token_times(req)
@@ -180,13 +188,13 @@ def run_point(
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
     slo = slo or SLO()
-    scheds = [build_scheduler(spec) for _ in range(replicas)]
+    scheds = [build_engine(spec) for _ in range(replicas)]
     sched = scheds[0]
     need = wcfg.max_context_tokens()
-    if need > sched.pool.capacity_tokens:
+    if need > sched.capacity_tokens:
         raise ValueError(
             f"a session can reach {need} tokens (system prompt + turns), more than the "
-            f"{sched.pool.capacity_tokens}-token KV pool holds"
+            f"{sched.capacity_tokens}-token KV pool holds"
         )
     rng = random.Random(seed)
     workload = Workload(wcfg, rng)
@@ -219,16 +227,17 @@ def run_point(
     return PointRun(point, run.records, sched, loop.num_events)
 
 
-def engine_block(scheds: list[Scheduler], start: float, end: float) -> dict[str, Any]:
+def engine_block(scheds: list[EngineModel], start: float, end: float) -> dict[str, Any]:
     """What SGLang's decode log shows, read at decode steps after the warm-up (the largest
-    over the replicas; sums for the counters)."""
+    over the replicas; sums for the counters). vLLM's steps all carry the running decodes, so
+    every step but a prefill-only one counts there."""
     max_running = 0
     max_queue = 0
     peak_usage = 0.0
     for sched in scheds:
         for row in sched.log:
             t = float(row[0])  # type: ignore[arg-type]
-            if t < start or t > end or row[1] != "decode":
+            if t < start or t > end or row[1] == "prefill":
                 continue
             max_running = max(max_running, int(row[2]))  # type: ignore[call-overload]
             max_queue = max(max_queue, int(row[6]))  # type: ignore[call-overload]
@@ -239,34 +248,93 @@ def engine_block(scheds: list[Scheduler], start: float, end: float) -> dict[str,
         "max_running": max_running,
         "max_queue": max_queue,
         "peak_token_usage": round(peak_usage, 4),
-        "max_total_num_tokens": scheds[0].pool.capacity_tokens,
+        "max_total_num_tokens": scheds[0].capacity_tokens,
         "replicas": len(scheds),
         "num_retractions": sum(s.num_retractions for s in scheds),
         "cache_hit_rate": round(cached / max(1, prompt), 4),
-        "evicted_tokens": sum(s.tree.num_evicted_tokens for s in scheds),
+        "evicted_tokens": sum(s.num_evicted_tokens for s in scheds),
     }
 
 
-def gpu_block(spec: EngineSpec, scheds: list[Scheduler], start: float,
+def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
               end: float) -> dict[str, Any]:
-    if scheds[0].thermal is None:
-        mhz = thermal_profile(spec.gpu).loaded_mhz
-        return {"sm_clock_mhz": {"p50": mhz, "min": mhz}, "temp_c": {"max": None},
-                "thermal_slowdown_share": 0.0, "modelled": True, "thermal_model": False}
+    """The card's clock, temperature and power over the window, as telemetry samples at a
+    fixed interval would show them: every figure is weighted by time (each step by the part
+    of its duration inside the window), clocks and slowdown over the time the card was busy.
+    `busy_share`, `prefill_share` (of the busy time) and the power the work draws at the
+    loaded clock come from the steps, with the thermal model on or off (the power model of
+    core/calibration.ThermalProfile). `slowdown_after_s`: the end of the first throttled step,
+    from the start of the run."""
+    profile = thermal_profile_of(spec)
     log = [r for s in scheds for r in s.log]
-    rows = [r for r in log if start <= float(r[0]) <= end]  # type: ignore[arg-type]
-    if not rows:
-        rows = log
-    clocks = sorted(float(r[9]) for r in rows)  # type: ignore[arg-type]
-    temps = [float(r[10]) for r in rows]  # type: ignore[arg-type]
-    slow = sum(1 for r in rows if r[12])
-    return {
-        "sm_clock_mhz": {"p50": round(clocks[len(clocks) // 2], 1), "min": round(clocks[0], 1)},
-        "temp_c": {"max": round(max(temps), 2)},
-        "thermal_slowdown_share": round(slow / len(rows), 4),
+    busy = weighted_rows(log, start, end)
+    if not busy:
+        busy = weighted_rows(log, float("-inf"), float("inf"))
+    span = max(end - start, 1e-9) * len(scheds)
+    by_kind = {"prefill": 0.0, "decode": 0.0}
+    for row, w in busy:
+        if row[1] == "mixed":  # vLLM: decodes and prefill chunks, split by their tokens
+            p_tok, d_tok = float(row[3]), float(row[4])  # type: ignore[arg-type]
+            share = p_tok / (p_tok + d_tok) if p_tok + d_tok else 0.0
+            by_kind["prefill"] += w * share
+            by_kind["decode"] += w * (1.0 - share)
+        else:
+            by_kind[str(row[1])] += w
+    busy_s = sum(by_kind.values())
+    loaded_w = profile.idle_w + sum(
+        w * (profile.phase_power_w(kind) - profile.idle_w) for kind, w in by_kind.items()) / span
+    block: dict[str, Any] = {
+        "busy_share": round(min(1.0, busy_s / span), 4),
+        "prefill_share": round(by_kind["prefill"] / busy_s, 4) if busy_s else None,
         "modelled": True,
+    }
+    if scheds[0].thermal is None:
+        mhz = profile.loaded_mhz
+        return {"sm_clock_mhz": {"p50": mhz, "min": mhz}, "temp_c": {"max": None},
+                "thermal_slowdown_share": 0.0, **block,
+                "power_w": {"mean": round(loaded_w, 2), "at_loaded_clock": round(loaded_w, 2)},
+                "slowdown_after_s": None, "thermal_model": False}
+    clocks = sorted((float(r[9]), w) for r, w in busy)  # type: ignore[arg-type]
+    slow_s = sum(w for r, w in busy if r[12])
+    energy = 0.0
+    for r, w in busy:
+        energy += float(r[11]) * w  # type: ignore[arg-type]
+    mean_w = (energy + profile.idle_w * max(0.0, span - busy_s)) / span
+    first_slow = min((float(r[0]) for r in log if r[12]), default=None)  # type: ignore[arg-type]
+    return {
+        "sm_clock_mhz": {"p50": round(weighted_median(clocks), 1),
+                         "min": round(clocks[0][0], 1)},
+        "temp_c": {"max": round(max(float(r[10]) for r, _ in busy), 2)},  # type: ignore[arg-type]
+        "thermal_slowdown_share": round(slow_s / busy_s, 4) if busy_s else 0.0,
+        **block,
+        "power_w": {"mean": round(mean_w, 2), "at_loaded_clock": round(loaded_w, 2)},
+        "slowdown_after_s": round(first_slow, 1) if first_slow is not None else None,
         "thermal_model": True,
     }
+
+
+def weighted_rows(log: list[tuple[object, ...]], start: float,
+                  end: float) -> list[tuple[tuple[object, ...], float]]:
+    """Each step row with the seconds of its step inside [start, end] (rows with none left
+    out)."""
+    out = []
+    for row in log:
+        t = float(row[0])  # type: ignore[arg-type]
+        w = min(t, end) - max(t - float(row[13]), start)  # type: ignore[arg-type]
+        if w > 0:
+            out.append((row, w))
+    return out
+
+
+def weighted_median(pairs: list[tuple[float, float]]) -> float:
+    """The value below which half the weight lies; `pairs` sorted by value."""
+    half = sum(w for _, w in pairs) / 2
+    acc = 0.0
+    for value, w in pairs:
+        acc += w
+        if acc >= half:
+            return value
+    return pairs[-1][0]
 
 
 def is_calibrated(spec: EngineSpec) -> bool:
@@ -274,7 +342,8 @@ def is_calibrated(spec: EngineSpec) -> bool:
 
 
 def target_block(spec: EngineSpec) -> dict[str, Any]:
-    block = {"engine": "twin", "engine_models": "sglang-0.5",
+    block = {"engine": "twin", "engine_models": ENGINE_MODEL_VERSIONS[spec.engine_model],
+             "engine_model": spec.engine_model,
              "chatfleet_version": __version__,
              "calibration": "calibrated" if is_calibrated(spec) else "uncalibrated",
              **spec.to_json()}

@@ -29,12 +29,12 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from chatfleet.core.engine.kv_pool import KVPool
 from chatfleet.core.engine.radix import RadixCache, as_tokens
 from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.engine.step import Step, StepResult
 from chatfleet.core.engine.step_time import StepTimeModel, attention_pairs
 from chatfleet.core.engine.thermal import ThermalState
 
@@ -75,39 +75,9 @@ class SchedulerConfig:
         return self.max_running_requests or max(1, self.pool_tokens // 2)
 
 
-@dataclass(slots=True)
-class Step:
-    kind: Literal["prefill", "decode"]
-    start: float
-    duration: float
-    batch: list[tuple[EngineRequest, int]] = field(default_factory=list)  # prefill: (req, extend)
-    num_decode: int = 0
-    num_prefill_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_waiting: int = 0  # queue at scheduling time: what prefill-first could not admit
-    # decode only: end times of consecutive decode steps run as one (see Scheduler.schedule)
-    decode_ends: list[float] = field(default_factory=list)
-
-    @property
-    def end(self) -> float:
-        return self.start + self.duration
-
-
-@dataclass(slots=True)
-class StepResult:
-    step: Step
-    first_tokens: list[EngineRequest] = field(default_factory=list)  # a prefill sampled a token
-    finished: list[EngineRequest] = field(default_factory=list)
-    retracted: list[EngineRequest] = field(default_factory=list)
-
-
-# One log row per step, as SGLang's scheduler logs them.
-LOG_FIELDS = ("time", "kind", "batch", "prefill_tokens", "decode_tokens", "running", "queue",
-              "token_usage", "cache_hit_rate", "sm_clock_mhz", "temp_c", "power_w",
-              "thermal_slowdown")
-
-
 class Scheduler:
+    engine_name = "sglang"
+
     def __init__(self, cfg: SchedulerConfig, step_model: StepTimeModel,
                  thermal: ThermalState | None = None) -> None:
         self.cfg = cfg
@@ -124,7 +94,7 @@ class Scheduler:
             1, cfg.new_token_ratio_decay_steps)
         self.num_decode_steps = 0  # completed
         self.step_end_times: list[float] = []
-        self.log: list[tuple[object, ...]] = []
+        self.log: list[tuple[object, ...]] = []  # rows of step.LOG_FIELDS
         self._finish_heap: list[tuple[int, int, int, EngineRequest]] = []
         self._seq = 0
         # running sums over `running` (decode requests)
@@ -497,7 +467,7 @@ class Scheduler:
             raise RuntimeError("no step is running")
         self.in_flight = None
         if self.thermal is not None:
-            self.thermal.advance(now - step.start, 1.0)
+            self.thermal.advance(now - step.start, 1.0, step.kind)
             self._busy_until = now
         result = StepResult(step)
         if step.kind == "prefill":
@@ -507,7 +477,7 @@ class Scheduler:
             result.retracted = self._pending_retracted
             self._pending_retracted = []
         if step.kind == "prefill":
-            self._log(step, now, self.token_usage())
+            self._log(step, now, self.token_usage(), step.duration)
         return result
 
     def _complete_prefill(self, step: Step, now: float, result: StepResult) -> None:
@@ -558,8 +528,10 @@ class Scheduler:
         n = step.num_decode
         cap = self.pool.capacity_tokens
         used = cap - self.free_tokens() - self.tree.evictable_size()
+        prev = step.start
         for j, t in enumerate(step.decode_ends):  # one log row per decode step, as SGLang's
-            self._log(step, t, (used - n * (k - 1 - j)) / cap)
+            self._log(step, t, (used - n * (k - 1 - j)) / cap, t - prev)
+            prev = t
         self.num_decode_steps += k
         self.step_end_times.extend(step.decode_ends)
         if not self.running:
@@ -593,7 +565,7 @@ class Scheduler:
         req.finish_time = now
         result.finished.append(req)
 
-    def _log(self, step: Step, now: float, usage: float) -> None:
+    def _log(self, step: Step, now: float, usage: float, step_s: float) -> None:
         hit = (self.num_prefill_cached_tokens / self.num_prefill_input_tokens
                if self.num_prefill_input_tokens else 0.0)
         th = self.thermal
@@ -602,7 +574,7 @@ class Scheduler:
             step.num_prefill_tokens, step.num_decode, len(self.running), step.num_waiting,
             usage, hit,
             th.sm_mhz if th else None, th.temp_c if th else None, th.power_w if th else None,
-            th.slowdown if th else False,
+            th.slowdown if th else False, step_s,
         ))
 
     # --- results -------------------------------------------------------------------------
@@ -615,3 +587,44 @@ class Scheduler:
             stop = self.num_decode_steps if end is None else end
             out.extend(ends[start:stop])
         return out
+
+    # --- the engine-model interface (protocol.py) ----------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        return self.pool.capacity_tokens
+
+    @property
+    def context_length(self) -> int:
+        return self.cfg.context_length
+
+    @property
+    def num_evicted_tokens(self) -> int:
+        return self.tree.num_evicted_tokens
+
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def max_new_tokens_room(self, prompt_len: int) -> int:
+        # admission needs prompt + max_new strictly below the pool (SGLang's max_req_len - 1)
+        return min(self.cfg.context_length - prompt_len,
+                   self.pool.capacity_tokens - 1 - prompt_len)
+
+    def num_used_tokens(self) -> int:
+        return self.pool.capacity_tokens - self.free_tokens() - self.tree.evictable_size()
+
+    def decoding_requests(self) -> list[EngineRequest]:
+        return list(self.running.values())
+
+    def next_ready_time(self) -> float | None:
+        """Every request is schedulable as it arrives: no wake-up is ever needed."""
+        return None
+
+    def prefix_cache_counters(self) -> tuple[int, int]:
+        """(prompt tokens, of those cached), counted once per request at admission."""
+        return self.num_prefill_input_tokens, self.num_prefill_cached_tokens
+
+    def step_tokens(self, result: StepResult) -> list[EngineRequest]:
+        """The requests that got a token in this (single) step."""
+        if result.step.kind == "prefill":
+            return list(result.first_tokens)
+        return [*self.running.values(), *result.finished]

@@ -94,15 +94,16 @@ class StepTimeModel:
         load = load_back_tokens * self.kv_bytes_per_token / self.pcie_bytes_per_s
         return c.prefill_fixed_s + (weights if weights > gemm else gemm) + attn + kv_read + load
 
-    def recompute_s(self, tokens: int) -> float:
-        """Prefill time of `tokens` with no cached prefix, in chunks: what a session pays to
-        recompute its history on a replica that does not hold it."""
+    def recompute_s(self, tokens: int, cached: int = 0) -> float:
+        """Prefill time of `tokens` after `cached` ones, in chunks, alone in its batches: what
+        a session pays to recompute its history on a replica that does not hold it."""
         total = 0.0
-        done = 0
+        done = cached
+        end = cached + tokens
         chunk = self.chunked_prefill_size
-        while done < tokens:
-            n = min(chunk, tokens - done)
-            total += self.prefill_s(n, attention_pairs(done, n), done, 1 if done + n >= tokens
+        while done < end:
+            n = min(chunk, end - done)
+            total += self.prefill_s(n, attention_pairs(done, n), done, 1 if done + n >= end
                                     else 0)
             done += n
         return total
