@@ -56,7 +56,8 @@ def fleet_shares(total: int, demands: Mapping[str, Demand]) -> dict[str, int]:
             got[i] += 1
             left -= 1
     # rule 3: highest rate / (2 * slots + 1) first, ties to the first name
-    heap = [(-rate[i] / (2 * got[i] + 1), i) for i in range(len(names)) if got[i] < need[i]]
+    heap: list[tuple[float, int]] = [(-rate[i] / (2 * got[i] + 1), i)
+                                     for i in range(len(names)) if got[i] < need[i]]
     heapq.heapify(heap)
     while left and heap:
         _, i = heapq.heappop(heap)
@@ -85,7 +86,8 @@ def replica_shares(capacity: Mapping[str, int],
     out: dict[str, dict[str, int]] = {n: {} for n in names}
     for replica in sorted(capacity):
         here = [0] * len(names)
-        heap = [(-left[i], i) for i in range(len(names)) if left[i] > 0]
+        heap: list[tuple[float, int]] = [(-float(left[i]), i) for i in range(len(names))
+                                         if left[i] > 0]
         heapq.heapify(heap)
         for _ in range(capacity[replica]):
             _, i = heapq.heappop(heap)
