@@ -23,13 +23,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_redis(workdir: Path, port: int) -> subprocess.Popen[bytes]:
-    """A fresh redis-server on 127.0.0.1:`port` with no persistence, once it accepts
-    connections."""
+def start_redis(workdir: Path, port: int,
+                args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """A fresh redis-server on 127.0.0.1:`port` with no persistence (and `args`, such as
+    ("--maxmemory", "4mb")), once it accepts connections."""
     if REDIS is None:
         pytest.skip("redis-server is not installed (make test installs it as root)")
     proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(workdir)],
+                             "--appendonly", "no", "--dir", str(workdir), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     end = time.monotonic() + 10
     while time.monotonic() < end:
@@ -54,11 +55,12 @@ def stop_redis(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def redis_server(workdir: Path,
-                 port: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """(url, process) of a fresh redis-server with no persistence; stopped on exit."""
+def redis_server(workdir: Path, port: int | None = None, *,
+                 args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """(url, process) of a fresh redis-server with no persistence (and `args`); stopped on
+    exit."""
     port = port or free_port()
-    proc = start_redis(workdir, port)
+    proc = start_redis(workdir, port, args)
     try:
         yield f"redis://127.0.0.1:{port}/0", proc
     finally:

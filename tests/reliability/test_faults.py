@@ -111,7 +111,7 @@ def test_a_replica_that_hangs(tmp_path: Path) -> None:
     assert lost == 0
 
 
-def test_a_gateway_killed_its_leases_expire(tmp_path: Path) -> None:
+def test_a_gateway_killed_its_shares_expire(tmp_path: Path) -> None:
     with fleet(tmp_path, cap=2) as f:
         futs = many(f.gateway_urls[0], 4, 2000, "g")  # fills both replicas through gateway 0
         assert wait_for(lambda: metric(f.metrics(1),
@@ -125,8 +125,9 @@ def test_a_gateway_killed_its_leases_expire(tmp_path: Path) -> None:
         results = [fu.result(60) for fu in futs]
         after = [ask(f.gateway_urls[1], 20, f"a{i}") for i in range(4)]
     record("fault", "a gateway killed (SIGKILL) while it held every slot",
-           "its clients see their connections close; its leases expire after the lease TTL "
-           "(2 s here) and the surviving gateway gets the whole cap back",
+           "its clients see their connections close; after the lease TTL (2 s here) its "
+           "requests no longer count and the surviving gateway takes back its shares, all "
+           "but the dead one's own (cap // gateways, kept for it)",
            f"slots freed for the other gateway after {freed:.1f} s; "
            f"{sum(r['outcome'] == 'ok' for r in after)}/4 ok through it",
            requests_sent=len(after), lost=accounted(after))
