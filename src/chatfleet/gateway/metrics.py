@@ -77,6 +77,11 @@ class GatewayMetrics:
             if slow_client:
                 self.slow_clients += 1
 
+    def client_left(self, slow: bool = False) -> None:
+        """A request whose client went away before it reached the relay (while sending its
+        body): the same count as the relay's cancelled outcome."""
+        self.count("cancelled", slow_client=slow)
+
 
 @dataclass(frozen=True, slots=True)
 class Gauges:
