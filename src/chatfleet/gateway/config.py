@@ -92,7 +92,7 @@ class StateSettings:
     share the replicas (0: not known; each then serves nothing until Redis has confirmed its
     shares), what a gateway that has never reached Redis divides each cap by."""
 
-    lease_ttl_s: float = 15.0
+    lease_ttl_s: float = 5.0
     refresh_s: float = 0.05
     timeout_s: float = 0.5
     gateways: int = 0

@@ -37,8 +37,6 @@ from typing import Any, Protocol
 
 from chatfleet.core.fleet.fairshare import Demand
 
-LEASE_TTL_S = 15.0
-
 
 class StateUnavailable(ConnectionError):
     """The shared store did not answer in time."""
