@@ -29,7 +29,6 @@ import json
 import os
 import random
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from datetime import datetime
@@ -45,7 +44,9 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.jsonl import json_objects
+from chatfleet.io import write_atomic
 
 __all__ = [
     "SHAREGPT_MAX_PROMPT_LEN",
@@ -524,7 +525,7 @@ def _iter_json_array(text: str, source: str) -> Iterator[Any]:
     if idx < len(text) and text[idx] == "\ufeff":
         idx = ws.match(text, idx + 1).end()  # type: ignore[union-attr]
     if idx >= len(text) or text[idx] != "[":
-        raise ValueError(f"{source}: not a JSON array (expected '[' at offset {idx})")
+        raise ChatfleetError(f"{source}: not a JSON array (expected '[' at offset {idx})")
     idx = ws.match(text, idx + 1).end()  # type: ignore[union-attr]
     if idx < len(text) and text[idx] == "]":
         return
@@ -538,7 +539,7 @@ def _iter_json_array(text: str, source: str) -> Iterator[Any]:
         if idx >= len(text) or text[idx] == "]":
             return
         if text[idx] != ",":
-            raise ValueError(f"{source}: expected ',' between array items at offset {idx}")
+            raise ChatfleetError(f"{source}: expected ',' between array items at offset {idx}")
         idx = ws.match(text, idx + 1).end()  # type: ignore[union-attr]
 
 
@@ -716,16 +717,7 @@ def cached_sharegpt_length_pairs(
         max_total_len=max_total_len,
         human_first=human_first,
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".sharegpt-pairs-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"key": key, "pairs": pairs}, f, separators=(",", ":"))
-        os.replace(tmp, cache_file)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(cache_file, json.dumps({"key": key, "pairs": pairs}, separators=(",", ":")))
     return pairs
 
 
@@ -753,19 +745,19 @@ def load_length_file(
     if text.lstrip("\ufeff \t\r\n").startswith("["):
         pairs = sharegpt_length_pairs(tok, file)
         if not pairs:
-            raise ValueError(f"{file}: ShareGPT-shaped file with no usable conversation")
+            raise ChatfleetError(f"{file}: ShareGPT-shaped file with no usable conversation")
         return pairs
     out: list[tuple[int, int]] = []
     for where, row in json_objects(text.splitlines(), str(file)):
         missing = [k for k in ("input_len", "output_len") if k not in row]
         if missing:
-            raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
+            raise ChatfleetError(f"{where}: missing key(s) {', '.join(missing)}")
         for k in ("input_len", "output_len"):
             if not _positive_int(row[k]):
-                raise ValueError(f"{where}: {k} must be a positive integer, got {row[k]!r}")
+                raise ChatfleetError(f"{where}: {k} must be a positive integer, got {row[k]!r}")
         out.append((row["input_len"], row["output_len"]))
     if not out:
-        raise ValueError(f"{file}: no rows")
+        raise ChatfleetError(f"{file}: no rows")
     return out
 
 
@@ -781,7 +773,7 @@ def load_gsm8k(path: str | os.PathLike[str]) -> list[dict[str, str]]:
     with file.open(encoding="utf-8") as f:
         for where, row in json_objects(f, str(file)):
             if not all(isinstance(row.get(k), str) for k in ("question", "answer")):
-                raise ValueError(f"{where}: needs string 'question' and 'answer'")
+                raise ChatfleetError(f"{where}: needs string 'question' and 'answer'")
             rows.append({"question": row["question"], "answer": row["answer"]})
     return rows
 

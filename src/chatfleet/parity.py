@@ -13,6 +13,7 @@ import orjson
 
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
+from chatfleet.core.defaults import TWIN_DRAIN_S
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.workload import ClosedLoop, Workload, WorkloadConfig, driver_for
@@ -62,7 +63,7 @@ def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s
             async with make_session() as session:
                 driver = ClosedLoop(Workload(wcfg, random.Random(seed)), users)
                 return await drive(srv.urls, driver, completions_with_ids("qwen3-8b"),
-                                   window_end=end, drain_s=600.0, clock=Clock(time_scale),
+                                   window_end=end, drain_s=TWIN_DRAIN_S, clock=Clock(time_scale),
                                    session=session)
 
         res = asyncio.run(main())

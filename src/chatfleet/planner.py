@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet import __version__
+from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.engine.build import EngineSpec, thermal_profile_of
 from chatfleet.core.engine.thermal import cooling_need
 from chatfleet.core.memory import PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
@@ -57,12 +58,12 @@ class SessionProfile:
     within +-range_ratio, vLLM's convention) and `output_len` answer tokens, `think_time_s`
     apart, every prompt starting with the shared system prompt."""
 
-    input_len: int = 512
-    output_len: int = 128
+    input_len: int = LengthSpec().input_len
+    output_len: int = LengthSpec().output_len
     range_ratio: float = 0.5
     turns: int = 1
     think_time_s: float = 0.0
-    system_prompt_tokens: int = 2048
+    system_prompt_tokens: int = SYSTEM_PROMPT_TOKENS
     prompt_groups: int = 1
 
     def workload(self) -> WorkloadConfig:
@@ -92,9 +93,9 @@ class PlanRequest:
     mem_fraction: float | None = None
     grid: tuple[int, ...] = DEFAULT_GRID
     rates: tuple[float, ...] = DEFAULT_RATES
-    duration_s: float = 300.0
-    warmup_s: float = 30.0
-    seed: int = 1
+    duration_s: float = DURATION_S
+    warmup_s: float = WARMUP_S
+    seed: int = SEED
     doubling_hours: float = 1.0
     doubling_replicas: int = 2  # the slice of the fleet the what-if simulates
     eviction: str = "lru"

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from chatfleet.core.metrics import (
     ITL_STATS,
     SLO,
+    arrivals_in_window,
     bisect_next,
     e2e,
     expand_chunks,
@@ -404,14 +405,62 @@ def test_point_counts_attainment_and_goodput() -> None:
         "shed": 2,
         "failed": 1,
         "admitted": 8,
+        "finished_in_window": 7,
     }
     assert p["attainment"] == pytest.approx(0.6)  # shed and failed count as misses
     assert p["admitted_attainment"] == pytest.approx(0.75)  # 6 of the 8 let in
     assert p["goodput_rps"] == pytest.approx(0.6)
     assert p["request_rps"] == pytest.approx(0.7)
-    assert p["output_tok_s"] == pytest.approx(2.3)  # (7 * 3 + 2) / 10 s
+    # tokens that arrived in [0, 10): 7 * 3, and the timeout's first (its second came at 13.3)
+    assert p["output_tok_s"] == pytest.approx(2.2)
     assert p["cached_token_share"] == pytest.approx(1500 / 7000)
     assert p["thin"] is True
+
+
+def waves(users: int = 4, period_s: float = 4.0, tokens: int = 10) -> list[RequestRecord]:
+    """Closed-loop users that start together and move in waves: each sends at 0, 4, 8, 12,
+    16 s (none at 20 s: the window ends), and its 10 tokens arrive 0.3 s + 0.4 s k after."""
+    out = []
+    for u in range(users):
+        for w in range(5):
+            send = w * period_s
+            times = [send + 0.3 + 0.4 * k for k in range(tokens)]
+            out.append(rec(f"u{u}w{w}", send=send, times=times))
+    return out
+
+
+def test_throughput_counts_the_tokens_that_arrive_in_the_window() -> None:
+    """In waves the requests sent in a window do not carry the window's tokens: those of the
+    wave sent at 8 s arrive in it too, and those sent in it end after it."""
+    p = summarize(waves(), window=(10.0, 20.0), slo=SLO(tpot_ms=500.0))
+    # per user: 5 tokens of the 8 s wave (10.3 .. 11.9), 10 of the 12 s and 10 of the 16 s
+    assert p["output_tok_s"] == pytest.approx(4 * 25 / 10.0)
+    # the truth: each user streams 10 tokens every 4 s
+    assert p["output_tok_s"] == pytest.approx(4 * 10 / 4.0)
+    # counted from the window's requests (sent at 12 and 16 s) it would be 4 * 20 / 10 = 8
+    sent = [r for r in waves() if 10.0 <= r.send_time < 20.0]
+    assert sum(r.output_tokens for r in sent) / 10.0 == pytest.approx(8.0)
+    # requests that finished in the window: the 8, 12 and 16 s waves (at 11.9, 15.9, 19.9 s)
+    assert p["requests"]["finished_in_window"] == 12
+    assert p["request_rps"] == pytest.approx(1.2)
+    # latency figures, attainment and goodput stay over the requests sent in the window
+    assert p["requests"]["offered"] == p["requests"]["completed"] == 8
+    assert p["ttft_ms"]["n"] == 8
+    assert p["goodput_rps"] == pytest.approx(0.8)
+
+
+def test_arrivals_in_window_edges() -> None:
+    r = rec("a", send=0.0, times=[9.0, 10.0, 10.5, 20.0])
+    assert arrivals_in_window([r], (10.0, 20.0)) == (2, 0)  # [start, end): 10.0 in, 20.0 out
+    assert arrivals_in_window([r], (0.0, 20.5)) == (4, 1)
+    # a record without token times counts its tokens at its first token
+    bare = rec("b", send=0.0, first=12.0, output_tokens=5)
+    assert arrivals_in_window([bare], (10.0, 20.0)) == (5, 1)
+    assert arrivals_in_window([bare], (13.0, 20.0)) == (0, 0)
+    # a failed request's tokens count as output, never as a finished request
+    failed = rec("c", send=0.0, times=[11.0, 12.0], outcome="timeout")
+    assert arrivals_in_window([failed], (10.0, 20.0)) == (2, 0)
+    assert arrivals_in_window([], (0.0, 1.0)) == (0, 0)
 
 
 def test_point_percentiles_in_ms_with_counts() -> None:

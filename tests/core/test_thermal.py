@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chatfleet.core.calibration import (
-    ASSUMED_DECODE_POWER_RATIO,
+    DECODE_POWER_RATIO,
     L4_OVERLOAD_RUN,
     L4_OVERLOAD_SETTLED_MHZ,
     L4_OVERLOAD_SLOWDOWN_SHARE,
@@ -66,7 +66,7 @@ def overload(profile: ThermalProfile) -> list[tuple[bool, float, float]]:
                  run_.prefill_share_loaded, settled_share=run_.prefill_share_settled)
 
 
-@pytest.mark.parametrize("ratio", [0.35, ASSUMED_DECODE_POWER_RATIO, 0.8, 1.0])
+@pytest.mark.parametrize("ratio", [0.35, DECODE_POWER_RATIO, 0.8, 1.0])
 def test_the_fit_reproduces_the_overload_for_any_decode_power_ratio(ratio: float) -> None:
     profile = fit_l4_thermal(ratio)
     assert profile.decode_power_ratio == ratio

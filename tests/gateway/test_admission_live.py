@@ -226,13 +226,15 @@ def test_own_mode_puts_the_shared_prompt_first_byte_identical(fakes2: list[Fake]
 
 
 def test_pass_through_flags_a_per_request_timestamp(fakes2: list[Fake]) -> None:
-    cfg = gateway_config([fakes2[0].url], names=["f0"], shared_prompt={
+    """With debug_headers on (off, the header would be an oracle on the shared prompt:
+    test_hostile_clients.py); the metric counts either way."""
+    cfg = gateway_config([fakes2[0].url], names=["f0"], debug_headers=True, shared_prompt={
         "mode": "pass-through", "system": "You are the product."})
     with gateway(cfg) as g:
         ok = chat(g.url, {"chunks": 1}, messages=[
             {"role": "system", "content": "You are the product."},
             {"role": "user", "content": "q"}])
-        assert "x-chatfleet-prefix" not in ok.headers
+        assert ok.headers["x-chatfleet-prefix"] == "match"
         bad = chat(g.url, {"chunks": 1}, messages=[
             {"role": "system", "content": "You are the product. Now: 2026-11-30T18:00:01"},
             {"role": "user", "content": "q"}])

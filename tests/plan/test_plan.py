@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
-from chatfleet.cli.plan import cooling_lines
+from chatfleet.cli.render import cooling_lines
 from chatfleet.gateway.config import parse_config
 
 runner = CliRunner()

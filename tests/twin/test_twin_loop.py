@@ -88,3 +88,27 @@ def test_a_session_longer_than_the_pool_is_refused_up_front() -> None:
     spec = engine("bf16", pool_tokens=2600)  # one request needs 2,048 + 512 + 128
     with pytest.raises(ValueError, match="KV pool"):
         run_point(spec, WorkloadConfig(), {"mode": "closed", "concurrency": 1}, duration_s=10.0)
+
+
+def test_the_twins_throughput_counts_arrivals_in_the_window_over_every_record() -> None:
+    """Both twin runners (one engine, and a fleet) count output tok/s and the request rate
+    the way the live sweep does: tokens that arrive in the window and requests that finish in
+    it, from requests sent before the window too; not the tokens of the window's requests."""
+    from chatfleet.core.metrics import arrivals_in_window
+    from chatfleet.core.workload import LengthSpec
+    from chatfleet.twin.fleet import FleetConfig, run_fleet_point
+
+    wcfg = WorkloadConfig(lengths=LengthSpec("fixed", 512, 128))  # waves
+    load = {"mode": "closed", "concurrency": 16}
+    window = (10.0, 70.0)
+    runs = [run_point(engine("fp8"), wcfg, load, duration_s=60.0, warmup_s=10.0),
+            run_fleet_point(engine("fp8"), wcfg, load, FleetConfig(replicas=1, cap=64),
+                            duration_s=60.0, warmup_s=10.0)]
+    for run in runs:
+        tokens, finished = arrivals_in_window(run.records, window)
+        assert run.point["output_tok_s"] == pytest.approx(tokens / 60.0)
+        assert run.point["request_rps"] == pytest.approx(finished / 60.0)
+        sent = [r for r in run.records if window[0] <= r.send_time < window[1]]
+        assert any(r.send_time < window[0] and r.token_times[-1] >= window[0]
+                   for r in run.records)  # a wave sent in the warm-up streams into it
+        assert tokens != sum(r.output_tokens for r in sent)

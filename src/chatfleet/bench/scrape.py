@@ -30,6 +30,7 @@ import aiohttp
 import orjson
 
 from chatfleet.bench.client import Clock
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.engines import EngineAdapter, get_adapter
 from chatfleet.engines.prom import (
     Metrics,
@@ -56,7 +57,7 @@ class EngineScraper:
                  path: str | Path | None = None, timeout_s: float = 5.0,
                  max_records: int = 500_000) -> None:
         if interval_s <= 0:
-            raise ValueError("the scrape interval must be positive")
+            raise ChatfleetError("the scrape interval must be positive")
         self.adapter = get_adapter(adapter) if isinstance(adapter, str) else adapter
         self.urls = [targets] if isinstance(targets, str) else list(targets)
         if not self.urls:
@@ -73,6 +74,9 @@ class EngineScraper:
         self._session = session
         self._own_session = session is None
         self._prev: dict[str, dict[str, Any]] = {}
+        # only what read_metrics reads: parsing a whole page (hundreds of histogram lines on
+        # vLLM) each second would stall the event loop that times every token
+        self._names = self.adapter.scraped_metric_names()
         self._task: asyncio.Task[None] | None = None
         self._file: IO[bytes] | None = None
 
@@ -126,7 +130,7 @@ class EngineScraper:
     async def _scrape(self, url: str) -> dict[str, Any] | None:
         assert self._session is not None
         try:
-            m = await fetch_metrics(self._session, url, self.timeout_s)
+            m = await fetch_metrics(self._session, url, self.timeout_s, self._names)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # counted, never fatal

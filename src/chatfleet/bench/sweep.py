@@ -34,6 +34,9 @@ from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
 from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
+from chatfleet.bench.text_pool import DEFAULT_WORKERS, TextPool
+from chatfleet.core.defaults import COOLDOWN_MAX_S, DRAIN_S, DURATION_S, SEED, WARMUP_S
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, find_knee, load_value, summarize_point
 from chatfleet.core.refine import BISECT_MAX_RUNS, EXTEND_MAX_RUNS, RefinePolicy, next_load
 from chatfleet.core.workload import (
@@ -57,14 +60,14 @@ class LiveSweepConfig:
     wcfg: WorkloadConfig
     out: Path
     slo: SLO = field(default_factory=SLO)
-    duration_s: float = 300.0
-    warmup_s: float = 30.0
-    drain_s: float = 300.0
+    duration_s: float = DURATION_S
+    warmup_s: float = WARMUP_S
+    drain_s: float = DRAIN_S
     flush: bool = True
-    seed: int = 1
+    seed: int = SEED
     telemetry: str = "none"
     cooldown_temp_c: float | None = None
-    cooldown_max_s: float = 300.0
+    cooldown_max_s: float = COOLDOWN_MAX_S
     clock_floor_mhz: float | None = None
     resume: bool = False
     refine: bool = False
@@ -80,6 +83,7 @@ class LiveSweepConfig:
     max_loop_lag_ms: float = 10.0
     labels: dict[str, Any] = field(default_factory=dict)  # gpu, weights, kv_cache for reports
     save_records: bool = True
+    prompt_workers: int = DEFAULT_WORKERS  # processes that build chat prompt texts
 
     def refine_policy(self) -> RefinePolicy:
         return RefinePolicy(extend_max_runs=self.refine_extend_max_runs,
@@ -131,7 +135,7 @@ class LiveSweep:
             try:
                 infos.append(await self.adapter.server_info(session, url))
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise ValueError(f"cannot reach the target {url}: {exc}") from exc
+                raise ChatfleetError(f"cannot reach the target {url}: {exc}") from exc
         info = infos[0] if infos else {}
         self.time_scale = float(info.get("time_scale") or 1.0)
         self.target = {
@@ -153,11 +157,14 @@ class LiveSweep:
         else:
             from chatfleet.datasets import load_qwen_tokenizer
 
-            inner = ChatPayload(load_qwen_tokenizer(), self.cfg.model,
+            tok = load_qwen_tokenizer()
+            pool = TextPool(tok.directory, self.cfg.prompt_workers)
+            pool.start()  # before any clock: the workers load the tokenizer
+            inner = ChatPayload(tok, self.cfg.model,
                                 ignore_eos=self.adapter.accepts_ignore_eos,
                                 thinking=self.cfg.thinking,
                                 continuous_usage=self.adapter.accepts_continuous_usage,
-                                system_groups=self.cfg.wcfg.prompt_groups)
+                                system_groups=self.cfg.wcfg.prompt_groups, pool=pool)
         return Shaped(inner, self.adapter)
 
     def count_text(self) -> Callable[[str], int] | None:
@@ -224,6 +231,10 @@ class LiveSweep:
         reset = getattr(payload, "reset", None)
         if reset is not None:
             reset()
+        prebuild = getattr(payload, "prebuild", None)
+        if prebuild is not None and c.wcfg.system_prompt_tokens:
+            # the shared system prompts' texts, built before the run's clock starts
+            await prebuild([workload.system_segment(g) for g in range(c.wcfg.prompt_groups)])
         window_end = c.warmup_s + c.duration_s
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
         self.on_event("run", {"index": index, "load": load, "seed": seed})
@@ -307,6 +318,14 @@ class LiveSweep:
         self.on_event("point", point)
 
     async def run(self) -> dict[str, Any]:
+        try:
+            return await self._run()
+        finally:
+            close = getattr(self._payload, "close", None)
+            if close is not None:
+                close()  # the prompt text workers
+
+    async def _run(self) -> dict[str, Any]:
         c = self.cfg
         async with make_session() as session:
             await self.describe_target(session)
@@ -369,7 +388,8 @@ class Shaped:
     def __init__(self, inner: Payload, adapter: EngineAdapter) -> None:
         self.inner = inner
         self.adapter = adapter
-        for hook in ("on_answer", "end_session", "reset"):
+        for hook in ("on_answer", "end_session", "reset", "prefetch", "prepare", "prebuild",
+                     "close"):
             if hasattr(inner, hook):
                 setattr(self, hook, getattr(inner, hook))
 

@@ -35,6 +35,7 @@ import aiohttp
 import orjson
 
 from chatfleet.bench.client import Clock
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.engines.prom import Metrics, parse_prometheus
 
 SourceKind = Literal["nvml", "dcgm", "simserver", "agent", "none"]
@@ -59,6 +60,8 @@ DCGM_SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
 DCGM_TEMP = "DCGM_FI_DEV_GPU_TEMP"
 DCGM_POWER = "DCGM_FI_DEV_POWER_USAGE"
 DCGM_REASONS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+# the only series parsed from the exporter's page (read 10 times a second, on the event loop)
+DCGM_NAMES = frozenset((DCGM_SM_CLOCK, DCGM_TEMP, DCGM_POWER, *DCGM_REASONS))
 
 
 class TelemetryError(Exception):
@@ -151,8 +154,8 @@ class TelemetrySpec:
 def _check_url(url: str, what: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{what} needs an http(s) URL such as http://127.0.0.1:9400, "
-                         f"not {url!r}")
+        raise ChatfleetError(f"{what} needs an http(s) URL such as http://127.0.0.1:9400, "
+                             f"not {url!r}")
     return url.rstrip("/")
 
 
@@ -160,9 +163,10 @@ def _gpu_index(text: str, what: str) -> int:
     try:
         idx = int(text)
     except ValueError:
-        raise ValueError(f"{what}: the GPU index must be a whole number, not {text!r}") from None
+        raise ChatfleetError(f"{what}: the GPU index must be a whole number, "
+                             f"not {text!r}") from None
     if idx < 0:
-        raise ValueError(f"{what}: the GPU index must be 0 or more, not {idx}")
+        raise ChatfleetError(f"{what}: the GPU index must be 0 or more, not {idx}")
     return idx
 
 
@@ -172,41 +176,41 @@ def parse_telemetry_spec(text: str, *, target: str | None = None,
     out), `agent:URL`. Raises ValueError with what was expected."""
     raw = (text or "").strip()
     if gpu_index < 0:
-        raise ValueError(f"the GPU index must be 0 or more, not {gpu_index}")
+        raise ChatfleetError(f"the GPU index must be 0 or more, not {gpu_index}")
     kind, _, rest = raw.partition(":")
     kind = kind.strip().lower()
     rest = rest.strip()
     if kind in ("", "none", "off"):
         if rest:
-            raise ValueError(f"telemetry 'none' takes nothing after it, not {raw!r}")
+            raise ChatfleetError(f"telemetry 'none' takes nothing after it, not {raw!r}")
         return TelemetrySpec("none")
     if kind == "nvml":
         return TelemetrySpec("nvml", None, _gpu_index(rest, "nvml:N") if rest else gpu_index)
     if kind == "dcgm":
         if not rest:
-            raise ValueError("dcgm needs the exporter's URL: dcgm:http://HOST:9400/metrics")
+            raise ChatfleetError("dcgm needs the exporter's URL: dcgm:http://HOST:9400/metrics")
         url, _, frag = rest.partition("#")
         idx = gpu_index
         if frag:
             key, eq, val = frag.partition("=")
             if key.strip() != "gpu" or not eq:
-                raise ValueError(f"dcgm: the only option is #gpu=N, not #{frag}")
+                raise ChatfleetError(f"dcgm: the only option is #gpu=N, not #{frag}")
             idx = _gpu_index(val.strip(), "dcgm:URL#gpu=N")
         return TelemetrySpec("dcgm", _check_url(url, "dcgm"), idx)
     if kind == "simserver":
         url = rest or target or ""
         if not url:
-            raise ValueError("the simserver source reads <target>/telemetry: give a target, "
-                             "or write simserver:http://HOST:PORT")
+            raise ChatfleetError("the simserver source reads <target>/telemetry: give a target, "
+                                 "or write simserver:http://HOST:PORT")
         return TelemetrySpec("simserver", _check_url(url, "simserver"), gpu_index)
     if kind == "agent":
         if not rest:
-            raise ValueError("agent needs the telemetry agent's URL: agent:http://HOST:9400 "
-                             "(start it with `chatfleet telemetry-agent` on the engine host)")
+            raise ChatfleetError("agent needs the telemetry agent's URL: agent:http://HOST:9400 "
+                                 "(start it with `chatfleet telemetry-agent` on the engine host)")
         url = _check_url(rest, "agent")
         return TelemetrySpec("agent", url.removesuffix("/telemetry"), gpu_index)
-    raise ValueError(f"unknown telemetry source {kind!r}: use one of none, nvml[:GPU], "
-                     "dcgm:URL, simserver[:URL], agent:URL")
+    raise ChatfleetError(f"unknown telemetry source {kind!r}: use one of none, nvml[:GPU], "
+                         "dcgm:URL, simserver[:URL], agent:URL")
 
 
 # --- NVML --------------------------------------------------------------------------------------
@@ -403,7 +407,7 @@ class JsonTelemetrySource(_HttpSource):
 def parse_dcgm(text_or_metrics: str | Metrics, gpu_index: int = 0) -> Reading:
     """One GPU's reading from a DCGM exporter's Prometheus text (series with gpu="N")."""
     m = (text_or_metrics if isinstance(text_or_metrics, Metrics)
-         else parse_prometheus(text_or_metrics))
+         else parse_prometheus(text_or_metrics, DCGM_NAMES))
     labels = {"gpu": str(gpu_index)}
     clock = m.value(DCGM_SM_CLOCK, labels, "first")
     temp = m.value(DCGM_TEMP, labels, "first")
@@ -511,7 +515,7 @@ class TelemetrySampler:
                  read_timeout_s: float = 2.0, max_samples: int = 1_000_000,
                  flush_every_s: float = 1.0) -> None:
         if interval_s <= 0:
-            raise ValueError("the sampling interval must be positive")
+            raise ChatfleetError("the sampling interval must be positive")
         self.source = make_source(source, target)
         self.interval_s = interval_s
         self.clock = clock or Clock()
@@ -623,7 +627,7 @@ async def cool_down(source: str | TelemetrySpec | TelemetrySource, below_c: floa
     {"waited_s", "start_temp_c", "end_temp_c", "timed_out"} (and "note" when the source
     reports no temperature, which returns at once). Failed reads are retried until the bound."""
     if max_wait_s < 0 or poll_s <= 0:
-        raise ValueError("max_wait_s must be 0 or more and poll_s positive")
+        raise ChatfleetError("max_wait_s must be 0 or more and poll_s positive")
     src = make_source(source, target)
     out: dict[str, Any] = {"waited_s": 0.0, "start_temp_c": None, "end_temp_c": None,
                            "timed_out": False, "below_c": below_c, "source": src.label}

@@ -37,6 +37,7 @@ from chatfleet.core.accuracy import (
     select_indices,
     summarize_target,
 )
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.datasets import extract_model_answer, gsm8k_answer, gsm8k_test_path
 
 SCHEMA = "chatfleet.accuracy/1"
@@ -46,7 +47,7 @@ Thinking = Literal["off", "on", "server"]
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+/-]*")
 
 
-class AccuracyInputError(ValueError):
+class AccuracyInputError(ChatfleetError):
     """Bad input to `chatfleet accuracy` (a one-line message)."""
 
 

@@ -17,8 +17,8 @@ from chatfleet.cli.common import (
     fail,
     out,
     print_json,
-    write_json_atomic,
 )
+from chatfleet.io import write_json
 
 THINKING_CHOICES = ("off", "on", "server")
 
@@ -143,7 +143,7 @@ def accuracy(
                            targets=targets, rows=result.rows, cfg=cfg, engine_logs=engine_logs,
                            models=result.models)
         if out_file is not None:
-            write_json_atomic(out_file, doc)
+            write_json(out_file, doc)
     if as_json:
         print_json(doc)
     else:

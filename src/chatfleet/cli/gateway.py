@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from chatfleet.cli.common import console, fail, out
+from chatfleet.cli.common import clean_errors, console, fail, out
 
 
 def gateway(
@@ -45,7 +45,7 @@ def gateway(
         return
     if not 0 <= port <= 65535:
         fail(f"--port {port} is outside 0..65535")
-    try:
+    with clean_errors():
         if cap_from is not None:
             if cap is not None:
                 fail("give --cap or --cap-from, not both")
@@ -58,11 +58,12 @@ def gateway(
         backend = backend_from(state, cfg.state.timeout_s)
         gw = Gateway(cfg, config_path=config, overrides=overrides,
                      step_time=step_time_for(cfg), state=backend)
-    except (ConfigError, ValueError) as exc:
-        fail(str(exc))
 
     async def main() -> None:
         from chatfleet.gateway.server import start
+        from chatfleet.serverlog import setup_logging
+
+        setup_logging()
 
         running = await start(gw, host, port)
         out.print(running.url, highlight=False)

@@ -20,6 +20,7 @@ from chatfleet.cli.common import (
     out,
     uncalibrated_note,
 )
+from chatfleet.cli.options import engine_model_args, profile_calibration
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import precision
 
@@ -85,8 +86,6 @@ def simserver(
             fail(f"--oracle-dataset: no file {oracle_dataset}")
         if not 0 <= port <= 65535 or (port and port + replicas - 1 > 65535):
             fail(f"--port {port} with {replicas} replicas is outside 0..65535")
-        from chatfleet.cli.twin import engine_model_args, profile_calibration
-
         spec = EngineSpec(load_gpu(gpu), load_model(model), precision(weights, kv_cache),
                           pool_tokens=pool_tokens, max_running_requests=max_running_requests,
                           eviction_policy=eviction, host_pool_tokens=host_pool_tokens,

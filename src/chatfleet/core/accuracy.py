@@ -42,6 +42,7 @@ from fractions import Fraction
 from statistics import NormalDist
 from typing import Any, Literal
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.jsonl import json_objects
 
 __all__ = [
@@ -77,7 +78,7 @@ GSM8K_SUFFIX = ('\n\nSolve the problem step by step, then give the final answer 
 """What the accuracy client appends to each GSM8K question (a prompts file is sent verbatim)."""
 
 
-class AccuracyError(ValueError):
+class AccuracyError(ChatfleetError):
     """Bad dataset or bad input to the statistics."""
 
 

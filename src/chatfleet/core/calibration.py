@@ -46,6 +46,7 @@ import math
 from dataclasses import dataclass, replace
 
 from chatfleet.core.engine.step_time import StepConstants, attention_pairs
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.memory import CALIBRATED_GPUS, tier_defaults
 from chatfleet.core.specs import GPU, Model, Precision, builtin_model, get_gpu
 
@@ -130,7 +131,7 @@ def fit_l4(
                   + mean_ctx * model.kv_bytes_per_token(bf16.kv_cache))
     streaming_s = bf16.itl_s - decode_fixed_s
     if streaming_s <= 0:
-        raise ValueError("the assumed decode fixed cost exceeds the measured time per token")
+        raise ChatfleetError("the assumed decode fixed cost exceeds the measured time per token")
     bandwidth_eff = bytes_bf16 / (streaming_s * gpu.bandwidth_gbs * 1e9)
 
     # 2. Prefill: fixed cost from BF16's TTFT at the assumed GEMM efficiency.
@@ -147,13 +148,13 @@ def fit_l4(
     gemm, weights, attn = compute_parts(bf16, bf16_gemm_eff)
     prefill_fixed_s = bf16.median_ttft_s - max(gemm, weights) - attn
     if prefill_fixed_s <= 0:
-        raise ValueError("the assumed BF16 GEMM efficiency leaves no prefill fixed cost")
+        raise ChatfleetError("the assumed BF16 GEMM efficiency leaves no prefill fixed cost")
 
     # 3. FP8's own constant: its GEMM efficiency, from its TTFT.
     _, weights8, attn8 = compute_parts(fp8, 1.0)
     gemm8_s = fp8.median_ttft_s - prefill_fixed_s - attn8
     if gemm8_s <= weights8:
-        raise ValueError(
+        raise ChatfleetError(
             "FP8's TTFT is below the fixed cost plus its weight streaming under this split: "
             "lower the assumed BF16 GEMM efficiency"
         )
@@ -290,15 +291,19 @@ L4_OVERLOAD_LOADED_MHZ = 1320.0
 L4_OVERLOAD_SETTLED_MHZ = 465.0
 L4_OVERLOAD_SLOWDOWN_SHARE = 0.70
 
-# ASSUMED until measured (NVML, decode-only against prefill-heavy load): what a decode step
-# draws above idle, as a share of what a prefill step draws above idle (the cap). Decode on an
-# L4 is weight-bandwidth bound (74-78% of 300 GB/s achieved): GDDR6 at ~7.5 pJ/bit moving
-# ~225 GB/s is ~13.5 W, and the SMs, stalled on memory in GEMV-shaped kernels, are taken at
-# about a third of their compute-bound power (~18 W of the ~51 W a prefill's GEMMs draw above
-# idle and memory traffic): (13.5 + 18) / 56 W = 0.56. Published phase-split measurements on
-# larger cards (Splitwise, Patel et al., ISCA 2024: the token phase draws well under TDP where
-# the prompt phase reaches it) agree in direction, not in an L4 figure.
-ASSUMED_DECODE_POWER_RATIO = 0.55
+# What a decode step draws above idle, as a share of what a prefill step draws above idle (the
+# cap). MEASURED on an H200 (NVML; benchmarks/device/phase_power.py, Qwen3-8B's weight GEMMs
+# as CUDA graphs; docs/device/h200-phase-power.json): idle 77.8 W; decode of 16 tokens 493.9 W
+# (weights streamed at 3.24 TB/s, tensor cores at 5% of peak); prefill of 4,096 tokens 691.8 W
+# (at the 700 W cap, 675 TFLOPS): r = (493.9 - 77.8) / (691.8 - 77.8) = 0.678. CARRIED to the
+# L4 at the same relative arithmetic intensity: the L4's decode at its knee (FP8, 24 running:
+# 48 flop/byte against its 807 ridge, 6%; BF16 at 7 running: 2%) sits where the H200's decode
+# of 16 tokens does (16 against 206, 8%), and memory traffic is about the same share of the
+# decode's power on both (HBM3e at ~4 pJ/bit moving 3.2 TB/s is ~100 W of the H200's 416 W;
+# GDDR6 at ~7.5 pJ/bit moving ~225 GB/s is ~13.5 W of the L4's 56 W). Not measured on an L4:
+# larger batches push r up fast (the H200's decode of 64 tokens gave 0.967), so a deployment
+# that decodes far more per step than the knee draws more than this.
+DECODE_POWER_RATIO = 0.678
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +332,7 @@ class OverloadRun:
 L4_OVERLOAD_RUN = OverloadRun()
 
 
-def fit_l4_thermal(decode_power_ratio: float = ASSUMED_DECODE_POWER_RATIO,
+def fit_l4_thermal(decode_power_ratio: float = DECODE_POWER_RATIO,
                    run: OverloadRun = L4_OVERLOAD_RUN) -> ThermalProfile:
     """The L4's thermal resistance and time constant, fitted so that the overload run gives
     the L4 overload measurement under the phase power model, for any decode power ratio.
@@ -372,7 +377,7 @@ def thermal_profile(gpu: GPU) -> ThermalProfile:
     loaded = gpu.boost_mhz * 0.9
     r = (80.0 - 35.0) / gpu.power_w  # reaches 80 C at full power: below slowdown
     return ThermalProfile(gpu.name, 35.0, gpu.power_w * 0.15, gpu.power_w, loaded, 210.0, 87.0,
-                          30.0, r, 120.0, loaded * 0.5, ASSUMED_DECODE_POWER_RATIO,
+                          30.0, r, 120.0, loaded * 0.5, DECODE_POWER_RATIO,
                           source="generic, uncalibrated")
 
 
@@ -409,20 +414,20 @@ def fit_point(
     build changes its per-step overhead, eager or CUDA graphs, far more than the bandwidth its
     kernels reach on a card)."""
     if new_tokens < 1 or ttft_s <= 0:
-        raise ValueError("the calibration point needs a positive TTFT and prompt")
+        raise ChatfleetError("the calibration point needs a positive TTFT and prompt")
     kvb = model.kv_bytes_per_token(kv_cache)
     bytes_step = model.streamed_weight_bytes(weights) + decode_context * kvb
     if bandwidth_eff is None:
         if tpot_s <= decode_fixed_s:
-            raise ValueError(f"time per token {tpot_s * 1000:.2f} ms is below the assumed "
-                             f"decode fixed cost ({decode_fixed_s * 1000:.2f} ms)")
+            raise ChatfleetError(f"time per token {tpot_s * 1000:.2f} ms is below the assumed "
+                                 f"decode fixed cost ({decode_fixed_s * 1000:.2f} ms)")
         bandwidth_eff = bytes_step / ((tpot_s - decode_fixed_s) * gpu.bandwidth_gbs * 1e9)
     else:
         if not 0 < bandwidth_eff <= 1.5:
-            raise ValueError("the held bandwidth efficiency must be in (0, 1.5]")
+            raise ChatfleetError("the held bandwidth efficiency must be in (0, 1.5]")
         decode_fixed_s = tpot_s - bytes_step / (gpu.bandwidth_gbs * 1e9 * bandwidth_eff)
         if decode_fixed_s <= 0:
-            raise ValueError(
+            raise ChatfleetError(
                 f"time per token {tpot_s * 1000:.2f} ms is faster than streaming the weights "
                 f"and KV at bandwidth efficiency {bandwidth_eff}: pass a higher one")
     bw = gpu.bandwidth_gbs * 1e9 * bandwidth_eff
@@ -433,7 +438,7 @@ def fit_point(
     kv_read = cached_tokens * kvb / bw
     fixed = ttft_s - max(gemm, weights_s) - attn - kv_read
     if fixed <= 0:
-        raise ValueError(
+        raise ChatfleetError(
             f"TTFT {ttft_s * 1000:.1f} ms is shorter than the modelled prefill alone at GEMM "
             f"efficiency {gemm_eff}: pass a higher --gemm-eff")
     return Calibration(gpu=gpu.name, bandwidth_eff=bandwidth_eff, decode_fixed_s=decode_fixed_s,
@@ -466,8 +471,8 @@ def calibration_from_json(d: dict[str, object]) -> Calibration:
             per_seq_s=float(d.get("per_seq_s", 0.0)),  # type: ignore[arg-type]
             frontend_s=float(d.get("frontend_s", 0.0)))  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a calibration profile: {exc}") from exc
+        raise ChatfleetError(f"not a calibration profile: {exc}") from exc
     if (not 0 < cal.bandwidth_eff <= 1.5 or cal.prefill_fixed_s < 0 or cal.decode_fixed_s < 0
             or cal.per_seq_s < 0 or cal.frontend_s < 0):
-        raise ValueError("calibration profile has out-of-range constants")
+        raise ChatfleetError("calibration profile has out-of-range constants")
     return cal

@@ -14,10 +14,17 @@ on one clock (model time); figures in a sweep point are milliseconds (`*_ms`), s
   statistic is configurable (`mean` by default; `p99` of the request's own gaps, `max`) and always
   named in the results. The pooled P99 of all gaps (P99 ITL) is reported beside it.
 - The measurement window: requests scheduled (open loop) or sent (closed loop) in
-  [start, end) belong to it. Goodput = those requests that meet the target, per second of the
-  window. Attainment = their share of all requests of the window (shed and failed count as
-  misses); admitted attainment = their share of the admitted ones. Every percentile is reported
-  with the number of values behind it (`n`); a point with fewer than 200 requests is thin.
+  [start, end) belong to it: the latency percentiles, attainment and goodput are over them.
+  Throughput is counted by arrival instead: output tok/s = output tokens that arrived in
+  [start, end), from any request (sent before the window or in it, whatever its outcome), per
+  second of the window; request rate = requests that finished (last token, outcome ok) in
+  [start, end), per second. Counting the tokens of the requests sent in the window would count
+  a wave's tokens that arrive after the window and miss those of a wave sent before it: closed
+  loops that start together move in waves. Goodput = the window's requests that meet the
+  target, per second of the window. Attainment = their share of all requests of the window
+  (shed and failed count as misses); admitted attainment = their share of the admitted ones.
+  Every percentile is reported with the number of values behind it (`n`); a point with fewer
+  than 200 requests is thin.
 - The knee is a bracket, one per load mode: `meets` is the highest tested load that meets the
   target attainment together with every lower load, and `fails` the next tested load above it.
   Refinement bisects the bracket until it is one user (or 10% of the rate) wide. The recommended
@@ -42,6 +49,7 @@ from typing import Any, Literal, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.records import RequestRecord
 
 Mode = Literal["open", "closed"]
@@ -110,13 +118,13 @@ class SLO:
 
     def __post_init__(self) -> None:
         if self.itl_stat not in ITL_STATS:
-            raise ValueError(f"itl_stat must be one of {ITL_STATS}, not {self.itl_stat!r}")
+            raise ChatfleetError(f"itl_stat must be one of {ITL_STATS}, not {self.itl_stat!r}")
         if not (self.ttft_ms > 0 and math.isfinite(self.ttft_ms)):
-            raise ValueError(f"ttft_ms must be a positive number, not {self.ttft_ms!r}")
+            raise ChatfleetError(f"ttft_ms must be a positive number, not {self.ttft_ms!r}")
         if not (self.tpot_ms > 0 and math.isfinite(self.tpot_ms)):
-            raise ValueError(f"tpot_ms must be a positive number, not {self.tpot_ms!r}")
+            raise ChatfleetError(f"tpot_ms must be a positive number, not {self.tpot_ms!r}")
         if not 0.0 < self.attainment <= 1.0:
-            raise ValueError(f"attainment must be in (0, 1], not {self.attainment!r}")
+            raise ChatfleetError(f"attainment must be in (0, 1], not {self.attainment!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -534,6 +542,40 @@ def _figures(members: Sequence[RequestRecord], slo: SLO, mode: Mode) -> _Figures
     )
 
 
+def _tokens_between(record: RequestRecord, start: float, end: float) -> int:
+    """Output tokens of `record` that arrived in [start, end) (a record without token times
+    counts all its tokens at its first token's arrival)."""
+    times = record.token_times
+    n = len(times)
+    if n == 0:
+        first = record.first_token_time
+        if first is None or not start <= first < end:
+            return 0
+        return output_token_count(record)
+    if float(times[0]) >= start and float(times[n - 1]) < end:
+        return n
+    if float(times[n - 1]) < start or float(times[0]) >= end:
+        return 0
+    lo, hi = np.searchsorted(np.asarray(times, dtype=np.float64), (start, end), side="left")
+    return int(hi - lo)
+
+
+def arrivals_in_window(records: Iterable[RequestRecord],
+                       window: tuple[float, float]) -> tuple[int, int]:
+    """(output tokens that arrived in [start, end), ok requests whose last token arrived in
+    it), over every record: the counts behind output_tok_s and request_rps."""
+    start, end = float(window[0]), float(window[1])
+    tokens = 0
+    finished = 0
+    for r in records:
+        tokens += _tokens_between(r, start, end)
+        if r.outcome == "ok":
+            last = r.last_token_time
+            if last is not None and start <= last < end:
+                finished += 1
+    return tokens, finished
+
+
 def in_window(record: RequestRecord, window: tuple[float, float], mode: Mode) -> bool:
     """Window membership: scheduled time (open loop) or send time (closed loop) in
     [start, end)."""
@@ -565,11 +607,14 @@ def summarize_point(
     - The window's requests: scheduled (open) or sent (closed) in [start, end);
       duration_s = end - start.
     - requests: offered (all the window's requests), completed (ok), met_slo, shed, failed
-      (error, timeout, cancelled), admitted (offered - shed).
+      (error, timeout, cancelled), admitted (offered - shed); finished_in_window: ok requests
+      of any send time whose last token arrived in the window.
     - goodput_rps = requests meeting the target / duration_s; attainment = met / offered (shed
-      and failed count as misses); admitted_attainment = met / admitted; request_rps =
-      completed / duration_s; output_tok_s = output tokens of the window's requests (whatever
-      their outcome) / duration_s. With no request, the shares are 0.
+      and failed count as misses); admitted_attainment = met / admitted. With no request, the
+      shares are 0.
+    - Throughput by arrival, over every record: output_tok_s = output tokens that arrived in
+      [start, end) / duration_s (whatever the request's send time or outcome); request_rps =
+      finished_in_window / duration_s (`arrivals_in_window`).
     - ttft_ms, tpot_ms, e2e_ms: percentiles over the completed requests that have the figure;
       itl_ms: over every per-token gap of the completed requests, pooled (p50, p90, p99, max).
       Each block carries "n".
@@ -603,7 +648,7 @@ def summarize_point(
     offered = len(members)
     admitted = offered - shed
     met = int(f.met.sum())
-    out_tokens = int(f.nout.sum())
+    out_tokens, finished = arrivals_in_window(records, (start, end))
     prompt = sum(r.prompt_tokens for r in ok_records)
     cached = sum(r.cached_tokens for r in ok_records)
 
@@ -635,9 +680,10 @@ def summarize_point(
             "shed": shed,
             "failed": failed,
             "admitted": admitted,
+            "finished_in_window": finished,
         },
         "output_tok_s": out_tokens / duration,
-        "request_rps": completed / duration,
+        "request_rps": finished / duration,
         "goodput_rps": met / duration,
         "attainment": met / offered if offered else 0.0,
         "admitted_attainment": met / admitted if admitted else 0.0,
@@ -752,7 +798,7 @@ def recommended_cap(
     `meets`.
     """
     if cap_margin_steps < 0:
-        raise ValueError("cap_margin_steps must be >= 0")
+        raise ChatfleetError("cap_margin_steps must be >= 0")
     meets = knee.get("meets")
     if meets is None:
         return None

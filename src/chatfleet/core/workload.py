@@ -21,6 +21,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from chatfleet.core.defaults import SYSTEM_PROMPT_TOKENS
+from chatfleet.core.errors import ChatfleetError
+
 LengthKind = Literal["fixed", "uniform", "sharegpt", "file"]
 RangeConvention = Literal["sglang", "vllm"]
 GroupDraw = Literal["round-robin", "user", "request"]
@@ -35,7 +38,7 @@ _SEG_MUL = 7919
 _POS_MUL = 104729
 
 
-class WorkloadError(ValueError):
+class WorkloadError(ChatfleetError):
     """A workload parameter that cannot describe real traffic."""
 
 
@@ -118,7 +121,7 @@ class LengthSpec:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadConfig:
-    system_prompt_tokens: int = 2048
+    system_prompt_tokens: int = SYSTEM_PROMPT_TOKENS
     prompt_groups: int = 1
     # how a session gets its prompt group (Workload.new_session): round-robin over sessions in
     # creation order; "user": user u's sessions are all in group u mod G; "request": each

@@ -80,6 +80,7 @@ class VLLMAdapter(EngineAdapter):
     flush_path: ClassVar[str | None] = "/reset_prefix_cache"
     flush_needs_verification: ClassVar[bool] = True
     metric_names: ClassVar[MetricNames] = VLLM_METRICS
+    extra_metric_names: ClassVar[tuple[str, ...]] = ("vllm:cache_config_info",)
     cache_report_flag: ClassVar[str | None] = "--enable-prompt-tokens-details"
     log_patterns: ClassVar[Mapping[str, re.Pattern[str]]] = VLLM_LOG
     default_port: ClassVar[int] = 8000

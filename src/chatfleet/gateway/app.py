@@ -26,7 +26,7 @@ from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.fleet.admission import FleetRequest
 from chatfleet.core.fleet.fleet import FleetTrace
 from chatfleet.core.fleet.prompt import PrefixCheck, canonicalize, describe
-from chatfleet.core.fleet.routing import is_returning, session_key
+from chatfleet.core.fleet.routing import SESSION_HEADER, is_returning, session_key
 from chatfleet.gateway import errors
 from chatfleet.gateway.admin import add_admin_routes
 from chatfleet.gateway.config import ConfigError, GatewayConfig, KeyConfig, Overrides, load_config
@@ -47,6 +47,7 @@ from chatfleet.gateway.state import MemoryState, StateBackend, StateUnavailable
 log = logging.getLogger("chatfleet.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:#-]{1,128}$")
 KEY = web.RequestKey("key", KeyConfig)
+MAX_JSON_DEPTH = 254  # arrays and objects; orjson reads 1,024 levels but writes only 254
 SWEEP_S = 0.5
 WATCH_S = 1.0
 MODELS_TTL_S = 30.0
@@ -207,7 +208,7 @@ class Gateway:
             report = self.prefix.check(body)
             if report.checked and not report.matches:
                 self.metrics.prefix_mismatches += 1
-            if not report.matches or cfg.debug_headers:
+            if cfg.debug_headers:  # where a prompt differs tells a client the secret one
                 headers["x-chatfleet-prefix"] = describe(report)
         if stream:  # the answer's usage teaches the router the session's token counts
             opts = body.get("stream_options")
@@ -216,6 +217,8 @@ class Gateway:
                 opts["include_usage"] = True
                 body = {**body, "stream_options": opts}
         key = request.get(KEY)
+        if not _is_utf8(request.headers.get(SESSION_HEADER, "")):
+            raise BadRequest(400, "X-Session-ID must be UTF-8 text", SESSION_HEADER)
         rid = request.headers.get("X-Request-ID") or body.get("rid") or ""
         if not isinstance(rid, str) or not _REQUEST_ID.match(rid) or rid in self._live_ids:
             rid = next_request_id()
@@ -277,6 +280,11 @@ class Gateway:
                                          self.cfg.timeouts.client_body_s)
         except TimeoutError as exc:
             raise BadRequest(408, "the request body did not arrive in time") from exc
+        except ConnectionResetError as exc:  # nobody to answer: one line, no traceback
+            log.info("client %s left while sending its body (%s)", request.remote,
+                     type(exc).__name__)
+            self.metrics.client_left()
+            raise BadRequest(400, "the client went away before its body arrived") from exc
         if raw is None:
             raise BadRequest(413, f"the request body is larger than {limit} bytes")
         try:
@@ -285,6 +293,11 @@ class Gateway:
             raise BadRequest(400, f"the body is not valid JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise BadRequest(400, "the body must be a JSON object")
+        try:  # what cannot be written cannot be forwarded: refuse it before trying
+            orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:
+            raise BadRequest(400, f"the body is nested too deeply: at most {MAX_JSON_DEPTH} "
+                             "levels of arrays and objects") from exc
         return body
 
     async def models(self, request: web.Request) -> web.Response:
@@ -390,13 +403,16 @@ class Gateway:
         rep = self.fleet.replicas.get(name)
         if rep is None or self._session is None:
             return False
+        reason = ""
         try:
             async with self._session.get(rep.config.url + "/health") as r:
                 await r.read()
                 ok = r.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
+                reason = f"probe answered HTTP {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ok = False
-        self.fleet.report(name, ok, probe=True)
+            reason = f"probe failed: {type(exc).__name__}"
+        self.fleet.report(name, ok, probe=True, reason=reason)
         return ok
 
     async def _probe_all(self) -> None:
@@ -420,6 +436,16 @@ def relay_settings(cfg: GatewayConfig) -> RelaySettings:
     return RelaySettings(cfg.timeouts, cfg.debug_headers)
 
 
+def _is_utf8(header: str) -> bool:
+    """aiohttp decodes header bytes as UTF-8 with surrogateescape: bytes that are not UTF-8
+    come back as lone surrogates, which nothing downstream can encode."""
+    try:
+        header.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _bearer(request: web.Request) -> str:
     auth = request.headers.get("Authorization", "")
     scheme, _, token = auth.partition(" ")
@@ -431,11 +457,15 @@ def _bearer(request: web.Request) -> str:
 async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
     parts: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
+    try:
+        async for chunk in request.content.iter_chunked(65536):
+            size += len(chunk)
+            if size > limit:
+                return None
+            parts.append(chunk)
+    except web.RequestPayloadError as exc:  # a Content-Encoding that does not decode
+        raise BadRequest(400, "the body could not be decoded as its Content-Encoding "
+                         f"({request.headers.get('Content-Encoding', 'none')}) says") from exc
     return b"".join(parts)
 
 

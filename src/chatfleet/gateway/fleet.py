@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ from chatfleet.gateway.config import GatewayConfig, ReplicaConfig, key_limits
 from chatfleet.gateway.metrics import GatewayMetrics, Gauges
 from chatfleet.gateway.upstream import Pool
 
+log = logging.getLogger("chatfleet.gateway")
+
 
 @dataclass(slots=True)
 class LiveReplica:
@@ -31,6 +34,7 @@ class LiveReplica:
     pool: Pool
     health: ReplicaHealth
     removed: bool = False  # dropped from the configuration; kept until its streams end
+    last_failure: str = ""  # what the last failed probe or request said
 
     @property
     def name(self) -> str:
@@ -175,23 +179,34 @@ class LiveFleet:
         return []
 
     # --- health -------------------------------------------------------------------------------
-    def report(self, name: str, ok: bool, probe: bool = False) -> None:
+    def report(self, name: str, ok: bool, probe: bool = False, reason: str = "") -> None:
         """An outcome at `name`: a probe's, or a request's (a request that was already
-        running when its replica was ejected does not count toward bringing it back)."""
+        running when its replica was ejected does not count toward bringing it back).
+        `reason`: what a failure was (the ejection's log line names the last one)."""
         rep = self.replicas.get(name)
         if rep is None or (not rep.health.serving and not probe):
             return
         if not ok:
             self.metrics.upstream_failures[name] += 1
+            rep.last_failure = reason or ("a probe failed" if probe else "a request failed")
         self._transition(rep, rep.health.success() if ok else rep.health.failure())
 
     def _transition(self, rep: LiveReplica, t: Transition | None) -> None:
         now = self.now()
+        h = rep.health
         if t == "ejected":
+            log.warning("replica %s (%s) ejected after %d consecutive failures, the last: %s",
+                        rep.name, rep.config.url, h.eject_after_failures, rep.last_failure)
             self.metrics.ejections[rep.name] += 1
             self.dispatch(self.core.remove_replica(rep.name, now))
             rep.pool.close()
         elif t in ("ready", "readmitted") and not rep.removed:
+            if t == "readmitted":
+                log.warning("replica %s (%s) readmitted after %d successful probes", rep.name,
+                            rep.config.url, h.readmit_after_successes)
+            else:
+                log.info("replica %s (%s) serving: its first probe passed", rep.name,
+                         rep.config.url)
             self.dispatch(self.core.add_replica(rep.name, self.effective_cap(rep), now))
 
     # --- admission ----------------------------------------------------------------------------
@@ -282,9 +297,10 @@ class LiveFleet:
 
     # --- reads --------------------------------------------------------------------------------
     def gauges(self) -> Gauges:
-        sessions = 0
+        sessions = session_bytes = 0
         if self.router is not None:
             sessions = len(self.router.sessions)
+            session_bytes = self.router.sessions.num_bytes
         return Gauges(
             queue_depth=self.ac.queue_depth(),
             in_flight={n: self.ac.in_flight(n) for n in self.replicas},
@@ -292,7 +308,8 @@ class LiveFleet:
             shares={n: self.effective_cap(r) for n, r in self.replicas.items()},
             healthy={n: r.serving for n, r in self.replicas.items()},
             sessions=sessions, routes={str(k): v for k, v in self.core.num_routes.items()},
-            state_up=int(self.state_up), others=dict(self.others))
+            state_up=int(self.state_up), others=dict(self.others),
+            session_bytes=session_bytes)
 
     def close(self) -> None:
         if self._timer is not None:

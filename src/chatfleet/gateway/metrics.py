@@ -64,6 +64,8 @@ class GatewayMetrics:
     slow_clients: int = 0  # cut off for not reading their answer
     state_failures: int = 0  # times the shared store stopped answering
     chunks: int = 0
+    client_connections: int = 0  # open now (gateway/connections.py)
+    connections_closed: Counter[str] = field(default_factory=Counter)  # by the guard, by reason
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
 
@@ -94,6 +96,7 @@ class Gauges:
     routes: dict[str, int]  # admissions by routing rule (core.fleet.Fleet.num_routes)
     state_up: int = 1  # 0 while the shared store is unreachable
     others: dict[str, int] = field(default_factory=dict)  # slots other gateways hold
+    session_bytes: int = 0  # the session table's size, as core/fleet/session.py counts it
 
 
 class _Collector:
@@ -112,6 +115,10 @@ class _Collector:
             ("upstream_failures", "replica", m.upstream_failures,
              "Failed exchanges with a replica."),
             ("ejections", "replica", m.ejections, "Times a replica was ejected."),
+            ("connections_closed", "reason", m.connections_closed, "Client connections the "
+             "gateway closed: idle (no request for timeouts.client_idle_s), header (a request "
+             "head slower than timeouts.client_header_s), evicted (the idlest, to make room "
+             "at max_connections), refused (503: at max_connections, none idle)."),
         ):
             c = CounterMetricFamily(PREFIX + name, doc, labels=[label])
             for k, v in sorted(values.items()):
@@ -138,8 +145,13 @@ class _Collector:
                            "gateway relays them.")
         yield GaugeMetricFamily(PREFIX + "queue_depth", "Requests waiting for a slot.",
                                 value=g.queue_depth)
+        yield GaugeMetricFamily(PREFIX + "client_connections", "Client connections open.",
+                                value=m.client_connections)
         yield GaugeMetricFamily(PREFIX + "sessions", "Live sessions in the session table.",
                                 value=g.sessions)
+        yield GaugeMetricFamily(PREFIX + "session_bytes", "Bytes the session table holds "
+                                "(key bytes + 300 per entry; bounded at 64 MiB).",
+                                value=g.session_bytes)
         yield GaugeMetricFamily(PREFIX + "state_up", "1 while the shared state store answers "
                                 "(always 1 with --state memory).", value=g.state_up)
         for name, values, doc in (

@@ -249,8 +249,8 @@ def _generate(request: str, what: str) -> dict[str, Any]:
                                    "when stream is true",
                     "headers": {"X-Request-ID": _REQUEST_ID,
                                 "x-chatfleet-prefix": {
-                                    "description": "the shared-prefix check (on a mismatch, "
-                                                   "or with debug_headers)", "schema": _STR},
+                                    "description": "the shared-prefix check (with "
+                                                   "debug_headers only)", "schema": _STR},
                                 "x-chatfleet-replica": {
                                     "description": "the replica (with debug_headers)",
                                     "schema": _STR}},

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.fairshare import Demand
 
 
@@ -286,4 +287,4 @@ def backend_from(spec: str, timeout_s: float = 0.5) -> StateBackend:
         return MemoryState()
     if spec.startswith(("redis://", "rediss://", "unix://")):
         return RedisState(spec, timeout_s=timeout_s)
-    raise ValueError(f"--state must be memory or redis://HOST:PORT/DB, not {spec!r}")
+    raise ChatfleetError(f"--state must be memory or redis://HOST:PORT/DB, not {spec!r}")

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatfleet.io import write_atomic
 from chatfleet.report.load import ReportInputError, Sweep, load_sweep, load_sweeps
 from chatfleet.report.proof import PROOF_SCHEMA, LiveProof, load_live_proof
 
@@ -89,10 +90,7 @@ def build_report(
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise ReportInputError(f"cannot write {path}: {exc}") from exc

@@ -37,6 +37,7 @@ from chatfleet.core.accuracy import (
     parse_dataset_lines,
     parse_number,
 )
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.datasets import QwenTokenizer, gsm8k_answer
 from chatfleet.simserver.generation import (
     DOUBLE_NEWLINE,
@@ -68,7 +69,7 @@ def oracle_draw(seed: int, index: int, p: float, expected: str) -> tuple[bool, s
 class Oracle:
     def __init__(self, dataset: Dataset, accuracy: float, seed: int) -> None:
         if not 0.0 <= accuracy <= 1.0:
-            raise ValueError(f"--oracle-accuracy must lie in [0, 1], got {accuracy}")
+            raise ChatfleetError(f"--oracle-accuracy must lie in [0, 1], got {accuracy}")
         self.dataset = dataset
         self.accuracy = accuracy
         self.seed = seed

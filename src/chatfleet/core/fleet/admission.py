@@ -46,6 +46,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from chatfleet.core.errors import ChatfleetError
+
 Outcome = Literal["admitted", "queued", "shed"]
 ShedReason = Literal["queue_full", "deadline", "displaced", "no_replica", "key_limit"]
 
@@ -131,7 +133,7 @@ class DrainRate:
 
     def __init__(self, window_s: float = DRAIN_WINDOW_S) -> None:
         if window_s <= 0:
-            raise ValueError("the drain window must be positive")
+            raise ChatfleetError("the drain window must be positive")
         self.window_s = window_s
         self._times: deque[float] = deque()
 
@@ -204,11 +206,11 @@ class AdmissionController:
         key_limits: Mapping[str, int] | None = None,
     ) -> None:
         if queue_depth < 0:
-            raise ValueError("queue_depth must not be negative")
+            raise ChatfleetError("queue_depth must not be negative")
         if not 0 <= prefill_reserve_s < ttft_budget_s:
-            raise ValueError("need 0 <= prefill_reserve_s < ttft_budget_s")
+            raise ChatfleetError("need 0 <= prefill_reserve_s < ttft_budget_s")
         if not 1.0 <= retry_min_s <= retry_max_s:
-            raise ValueError("need 1 <= retry_min_s <= retry_max_s")
+            raise ChatfleetError("need 1 <= retry_min_s <= retry_max_s")
         for replica, cap in caps.items():
             _check_cap(replica, cap)
         self.max_queue_depth = queue_depth
@@ -546,4 +548,4 @@ class AdmissionController:
 
 def _check_cap(replica: str, cap: int) -> None:
     if cap < 0:
-        raise ValueError(f"cap of {replica!r} must not be negative")
+        raise ChatfleetError(f"cap of {replica!r} must not be negative")

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import AdmissionController, Decision, FleetRequest
 from chatfleet.core.fleet.routing import RecomputeModel, Router, route_least_loaded
 from chatfleet.core.fleet.session import DEFAULT_SESSION_TTL_S, SessionTable
@@ -157,7 +158,7 @@ class Fleet:
     def set_queue_depth(self, depth: int, now: float) -> list[Decision]:
         self._record(now, "set_queue_depth", depth)
         if depth < 0:
-            raise ValueError("queue_depth must not be negative")
+            raise ChatfleetError("queue_depth must not be negative")
         self.ac.max_queue_depth = depth
         return self._note(self.ac.expire(now), now)
 

@@ -2,7 +2,10 @@
 
 - Session key: the `X-Session-ID` header, else the body's `user`, else a fingerprint of the
   conversation's first turn (system messages + first user message), namespaced so the three
-  sources never collide: "sid:...", "user:...", "fp:...".
+  sources never collide: "sid:...", "user:...", "fp:...". A client's value longer than
+  MAX_SESSION_VALUE_BYTES (UTF-8) is replaced by its hash, "sid#<32 hex>" / "user#<32 hex>":
+  the key stays the same for every turn, and no key is longer than 133 bytes whatever the
+  client sends (a 1 MB `user` field once cost 1 MB per session, in the gateway and in Redis).
 - A session's home is the replica that served its last turn (the session table), while that
   entry is live and the replica is in the fleet; otherwise the top of its rendezvous
   (highest-random-weight) order over the fleet.
@@ -31,10 +34,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import Decision, FleetRequest, FleetView
 from chatfleet.core.fleet.session import SessionTable
 
 SESSION_HEADER = "x-session-id"
+MAX_SESSION_VALUE_BYTES = 128
 SYSTEM_ROLES = ("system", "developer")
 
 Rule = Literal["no_replica", "least_loaded", "home", "wait", "spill", "all_full"]
@@ -45,12 +50,21 @@ def session_key(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | No
     """The request's session: header > user > first-turn fingerprint; None if none applies."""
     for name, value in headers.items():
         if name.lower() == SESSION_HEADER and value.strip():
-            return "sid:" + value.strip()
+            return bounded_key("sid", value.strip())
     user = body.get("user")
     if isinstance(user, str) and user.strip():
-        return "user:" + user.strip()
+        return bounded_key("user", user.strip())
     fingerprint = conversation_fingerprint(body.get("messages"))
     return None if fingerprint is None else "fp:" + fingerprint
+
+
+def bounded_key(namespace: str, value: str) -> str:
+    """`namespace:value`, or `namespace#<hash>` when the value is longer than
+    MAX_SESSION_VALUE_BYTES in UTF-8 (the two forms never collide: ':' against '#')."""
+    raw = value.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_SESSION_VALUE_BYTES:
+        return f"{namespace}:{value}"
+    return f"{namespace}#{hashlib.sha256(raw).hexdigest()[:32]}"
 
 
 def conversation_fingerprint(messages: object) -> str | None:
@@ -135,7 +149,7 @@ class Router:
     def __init__(self, step_time: RecomputeModel, sessions: SessionTable | None = None, *,
                  shared_prefix_tokens: int = 0) -> None:
         if shared_prefix_tokens < 0:
-            raise ValueError("shared_prefix_tokens must not be negative")
+            raise ChatfleetError("shared_prefix_tokens must not be negative")
         self.step_time = step_time
         self.sessions = sessions if sessions is not None else SessionTable()
         self.shared_prefix_tokens = shared_prefix_tokens
