@@ -55,7 +55,7 @@ def gateway(
             cap = cap_from_sweep(cap_from)
         overrides = Overrides(tuple(replica), cap, queue_depth)
         cfg = overrides.apply(load_config(config))
-        backend = backend_from(state, cfg.state.timeout_s, cfg.state.lease_ttl_s)
+        backend = backend_from(state, cfg.state.timeout_s)
         gw = Gateway(cfg, config_path=config, overrides=overrides,
                      step_time=step_time_for(cfg), state=backend)
 
@@ -66,7 +66,10 @@ def gateway(
         out.print(running.url, highlight=False)
         auth = f"{len(cfg.keys)} API keys" if cfg.keys else "no API keys (open)"
         where = "in process" if not backend.shared else state
-        up = "" if gw.shared.up else " (unreachable: local share of each cap until it answers)"
+        up = "" if gw.shared.up or not backend.shared else (
+            f" (unreachable: cap // {cfg.state.gateways} of each replica until it answers)"
+            if cfg.state.gateways else " (unreachable: nothing is served until it answers; "
+            "set state.gateways to serve a share without it)")
         console.print(f"gateway: {len(cfg.replicas)} replicas, cap {cfg.cap} each, queue "
                       f"{cfg.queue_depth}, {auth}, shared prompt {cfg.shared_prompt.mode}, "
                       f"state {where}{up}; Ctrl-C stops, SIGHUP reloads the config")
