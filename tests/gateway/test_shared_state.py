@@ -20,7 +20,7 @@ from chatfleet.core.fleet.routing import rendezvous_top
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import ClosedLoop, LengthSpec, Workload, WorkloadConfig
 from chatfleet.gateway.state import MemoryState, RedisState, StateBackend
-from chatfleet.parity import max_in_flight_from_trace
+from chatfleet.jobs.parity import max_in_flight_from_trace
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
 from tests.gateway.conftest import Fake, gateway, gateway_config
 from tests.gateway.redis_server import redis_server

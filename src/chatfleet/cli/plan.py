@@ -21,10 +21,11 @@ from chatfleet.cli.common import (
 )
 from chatfleet.cli.render import gateway_yaml, pool_table, print_answer
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
-from chatfleet.core.memory import REQUEST_TOKENS, plan_pool
+from chatfleet.core.memory import REQUEST_TOKENS, plan_pool, plan_vllm_pool
 from chatfleet.core.metrics import SLO
-from chatfleet.core.workload import LengthSpec
+from chatfleet.core.workload import LengthSpec, SessionProfile
 from chatfleet.io import write_atomic, write_json
+from chatfleet.jobs.plan import PlanRequest, make_plan, parse_precisions
 
 
 def plan(
@@ -99,8 +100,6 @@ def plan(
         pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
                   system_prompt_tokens, as_json)
         return
-    from chatfleet.planner import PlanRequest, SessionProfile, make_plan, parse_precisions
-
     with clean_errors():
         if users is None:
             fail("--users is needed for the full answer (how many concurrent users to serve)")
@@ -152,8 +151,6 @@ def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: f
 def vllm_pool_only(gpu: str, model: str, weights: str, kv_cache: str, util: float | None,
                    request_tokens: int, system_prompt_tokens: int, as_json: bool) -> None:
     """vLLM's memory rule (core/memory.py: its overheads are assumed, not measured)."""
-    from chatfleet.core.memory import plan_vllm_pool
-
     with clean_errors():
         if request_tokens <= 0 or system_prompt_tokens < 0:
             fail("--request-tokens must be positive and --system-prompt-tokens not negative")

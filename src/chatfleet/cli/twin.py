@@ -37,7 +37,8 @@ from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.io import write_json
-from chatfleet.twin.fleet import MEASURED_HOP_S
+from chatfleet.twin.calibrate import calibrate
+from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
 from chatfleet.twin.run import is_calibrated
 from chatfleet.twin.sweep import TwinSweep
 
@@ -74,8 +75,6 @@ def calibrate_cmd(
 ) -> None:
     """Fit the twin's step-time constants to a live sweep (its concurrency-1 point; the vLLM
     model a second point too) and report the fit's error on the sweep's other points."""
-    from chatfleet.twin.calibrate import calibrate
-
     with clean_errors():
         points = parse_list(fit_points, int, "--fit-points") if fit_points else None
         frontend: float | str = "auto"
@@ -220,8 +219,6 @@ def sweep(
         loads = build_loads(concurrency, rate, arrival)
         fleet = None
         if cap is not None or replicas > 1:
-            from chatfleet.twin.fleet import FleetConfig
-
             fleet = FleetConfig(replicas=replicas, cap=cap or spec.kv_pool_tokens(),
                                 queue_depth=queue_depth, ttft_budget_s=slo.ttft_ms / 1000,
                                 prefill_reserve_s=prefill_reserve_ms / 1000,
