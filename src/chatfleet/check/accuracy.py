@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 
 from chatfleet import __version__
+from chatfleet.check.gsm8k import extract_model_answer, gsm8k_answer
 from chatfleet.core.accuracy import (
     DIFF_METHOD,
     MCNEMAR_METHOD,
@@ -38,7 +39,7 @@ from chatfleet.core.accuracy import (
     summarize_target,
 )
 from chatfleet.core.errors import ChatfleetError
-from chatfleet.datasets import extract_model_answer, gsm8k_answer, gsm8k_test_path
+from chatfleet.data.paths import gsm8k_test_path
 
 SCHEMA = "chatfleet.accuracy/1"
 PROBE_TIMEOUT_S = 10.0

@@ -11,6 +11,20 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from chatfleet.check.accuracy import (
+    AccuracyInputError,
+    AnswerLog,
+    AnswerRow,
+    AskConfig,
+    answers_path,
+    ask_all,
+    build_result,
+    load_dataset,
+    parse_named_paths,
+    parse_targets,
+    resolve_dataset,
+    sample,
+)
 from chatfleet.cli.common import (
     check_output_file,
     clean_errors,
@@ -19,6 +33,7 @@ from chatfleet.cli.common import (
     out,
     print_json,
 )
+from chatfleet.engines import get_adapter
 from chatfleet.io import write_json
 
 THINKING_CHOICES = ("off", "on", "server")
@@ -64,22 +79,6 @@ def accuracy(
     Wilson 95% intervals per target; against the first target, an exact McNemar test and
     Newcombe's interval on the paired difference, judged against --margin (docs/accuracy.md).
     """
-    from chatfleet.check.accuracy import (
-        AccuracyInputError,
-        AnswerLog,
-        AnswerRow,
-        AskConfig,
-        answers_path,
-        ask_all,
-        build_result,
-        load_dataset,
-        parse_named_paths,
-        parse_targets,
-        resolve_dataset,
-        sample,
-    )
-    from chatfleet.engines import get_adapter
-
     with clean_errors():
         targets = parse_targets(target)
         if n is not None and n < 1:

@@ -40,6 +40,7 @@ from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.jsonl import json_objects
 from chatfleet.core.specs import precision
+from chatfleet.data.tokenizer import load_qwen_tokenizer
 from chatfleet.io import write_json
 from chatfleet.twin.cache_replay import replay
 
@@ -135,8 +136,6 @@ def load_trace_file(path: Path, shared_prefix_tokens: int, default_answer_tokens
                 if not isinstance(rec["text"], str) or not rec["text"]:
                     raise ChatfleetError(f"{where}: 'text' must be a non-empty string")
                 if tokenizer is None:
-                    from chatfleet.datasets import load_qwen_tokenizer
-
                     tokenizer = load_qwen_tokenizer()
                 prompt = array("q", tokenizer.encode(rec["text"]))
                 if not prompt:

@@ -24,6 +24,7 @@ from chatfleet.cli.render import fmt, pool_table, print_answer
 from chatfleet.core.defaults import SEED
 from chatfleet.core.memory import plan_pool
 from chatfleet.core.specs import builtin_model, get_gpu
+from chatfleet.jobs.demo import DemoConfig, run_demo
 
 
 def demo(
@@ -39,8 +40,6 @@ def demo(
 ) -> None:
     """Answer the question for Qwen3-8B on L4 with the twin (no GPU needed), prove it live on
     simserver replicas behind the gateway, and write the HTML report."""
-    from chatfleet.demo import DemoConfig, run_demo
-
     with clean_errors():
         if users < 1 or live_seconds <= 0 or overload <= 0 or cap_margin < 0:
             fail("--users, --live-seconds and --overload must be positive, --cap-margin >= 0")

@@ -15,7 +15,15 @@ from chatfleet.cli.common import (
     out,
     print_json,
 )
-from chatfleet.deploy.k8s import DEFAULT_IMAGE_CHATFLEET, DEFAULT_IMAGE_SGLANG
+from chatfleet.deploy.k8s import (
+    DEFAULT_IMAGE_CHATFLEET,
+    DEFAULT_IMAGE_SGLANG,
+    K8sOptions,
+    manifests,
+    plan_from_file,
+    plan_from_flags,
+    write,
+)
 
 deploy_app = typer.Typer(help="Deployment files: Kubernetes manifests, Prometheus, Grafana.",
                          no_args_is_help=True)
@@ -49,14 +57,6 @@ def k8s(
 ) -> None:
     """Kubernetes manifests for SGLang on L4 nodes behind the gateway, with Redis, a
     Prometheus scrape config and a Grafana dashboard."""
-    from chatfleet.deploy.k8s import (
-        K8sOptions,
-        manifests,
-        plan_from_file,
-        plan_from_flags,
-        write,
-    )
-
     with clean_errors():  # a DeployError, a binary or missing file: one line, exit 2
         check_output_dir(out_dir, "--out")
         if plan is not None:

@@ -22,6 +22,7 @@ from chatfleet.cli.common import (
     print_json,
 )
 from chatfleet.core.specs import precision
+from chatfleet.deploy.launcher import ChildFailed, Interrupted, Launcher, LaunchError, LaunchSpec
 
 
 class _StopFlag:
@@ -74,14 +75,6 @@ def launch(
 ) -> None:
     """Run Redis, M replicas and N gateways here; stop them all, in reverse order, on Ctrl-C
     or SIGTERM."""
-    from chatfleet.deploy.launcher import (
-        ChildFailed,
-        Interrupted,
-        Launcher,
-        LaunchError,
-        LaunchSpec,
-    )
-
     spec = LaunchSpec(gateways=gateways, replicas=replicas, engine=engine,
                       engine_cmd=engine_cmd, redis=redis, cap=cap, cap_from=cap_from,
                       queue_depth=queue_depth, host=host, port=port, replica_port=replica_port,

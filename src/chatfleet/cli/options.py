@@ -10,7 +10,13 @@ from typing import Any
 
 from chatfleet.cli.common import console, fail, parse_list
 from chatfleet.core.calibration import Calibration
+from chatfleet.core.engine.build import ENGINE_MODELS
+from chatfleet.core.specs import get_gpu
 from chatfleet.core.workload import GROUP_DRAWS, GroupDraw, LengthSpec
+from chatfleet.data.lengths import load_length_file
+from chatfleet.data.sharegpt import cached_sharegpt_length_pairs
+from chatfleet.report.load import check_document, number, read_json
+from chatfleet.twin.calibrate import load_profile
 
 # `chatfleet plan` (and the demo) write a gateway config that lists every replica: past this
 # many users the fleet's list alone takes gigabytes (10^8 users took 20 GB and two minutes)
@@ -38,16 +44,12 @@ def build_lengths(kind: str, input_len: int, output_len: int, range_ratio: float
         return LengthSpec(kind, input_len, output_len, range_ratio,  # type: ignore[arg-type]
                           convention)  # type: ignore[arg-type]
     if kind == "sharegpt":
-        from chatfleet.datasets import cached_sharegpt_length_pairs
-
         with console.status("loading ShareGPT length pairs (cached after the first run)"):
             pairs = cached_sharegpt_length_pairs()
         return LengthSpec("sharegpt", pairs=tuple(pairs))
     if kind == "file":
         if length_file is None:
             fail("--lengths file needs --length-file PATH")
-        from chatfleet.datasets import load_length_file
-
         return LengthSpec("file", pairs=tuple(load_length_file(length_file)))
     fail(f"unknown --lengths {kind!r}: fixed, uniform, sharegpt or file")
 
@@ -84,8 +86,6 @@ def build_loads(concurrency: str | None, rate: str | None,
 def engine_model_args(engine_model: str, max_num_batched_tokens: int | None,
                       long_prefill_token_threshold: int) -> dict[str, Any]:
     """The EngineSpec fields of --engine-model and its vLLM-only flags, checked."""
-    from chatfleet.core.engine.build import ENGINE_MODELS
-
     if engine_model not in ENGINE_MODELS:
         fail(f"--engine-model {engine_model!r}: choose {' or '.join(ENGINE_MODELS)}")
     if engine_model != "vllm" and (max_num_batched_tokens is not None
@@ -104,9 +104,6 @@ def profile_calibration(profile: Path | None, gpu: str,
                         engine_model: str = "sglang") -> Calibration | None:
     if profile is None:
         return None
-    from chatfleet.core.specs import get_gpu
-    from chatfleet.twin.calibrate import load_profile
-
     cal, doc = load_profile(profile)
     if get_gpu(gpu).name != cal.gpu:
         console.print(f"[yellow]note:[/] profile {profile} was fitted on {cal.gpu}, used for "
@@ -123,8 +120,6 @@ def read_sweep_file(path: Path, flag: str) -> dict[str, Any]:
     sweep.json), checked for what every reader of one takes for granted: the schema; points with
     a load; target, workload and slo objects; and at every valid point, the figures (goodput,
     throughput, TTFT and TPOT percentiles). A wrong file is one line, never a KeyError."""
-    from chatfleet.report.load import check_document, number, read_json
-
     file = path / "sweep.json" if path.is_dir() else path
     where = f"{flag} {file}"
     if not file.is_file():

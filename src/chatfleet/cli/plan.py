@@ -23,10 +23,12 @@ from chatfleet.cli.common import (
 from chatfleet.cli.options import MAX_PLAN_USERS, read_sweep_file
 from chatfleet.cli.render import gateway_yaml, pool_table, print_answer
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
-from chatfleet.core.memory import REQUEST_TOKENS, plan_pool
+from chatfleet.core.memory import REQUEST_TOKENS, plan_pool, plan_vllm_pool
 from chatfleet.core.metrics import SLO, load_value
-from chatfleet.core.workload import LengthSpec
+from chatfleet.core.workload import LengthSpec, SessionProfile
 from chatfleet.io import write_atomic, write_json
+from chatfleet.jobs.plan import PlanRequest, make_plan, parse_precisions
+from chatfleet.report.load import number, read_json
 
 
 def plan(
@@ -101,8 +103,6 @@ def plan(
         pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
                   system_prompt_tokens, as_json)
         return
-    from chatfleet.planner import PlanRequest, SessionProfile, make_plan, parse_precisions
-
     with clean_errors():
         if users is None:
             fail("--users is needed for the full answer (how many concurrent users to serve)")
@@ -153,8 +153,6 @@ def check_plan_sweep(path: Path) -> None:
     """A --sweep file holds what the plan reads from it: a well-formed chatfleet.sweep/1
     document whose target names its precision and whose knee is one of its valid points. A
     file that does not is one line, not a KeyError deep in the plan."""
-    from chatfleet.report.load import number
-
     doc = read_sweep_file(path, "--sweep")
     where = f"--sweep {path}"
     target = doc.get("target") or {}
@@ -177,8 +175,6 @@ def check_plan_sweep(path: Path) -> None:
 def check_plan_accuracy(path: Path) -> None:
     """An --accuracy file holds what the plan reads: a chatfleet.accuracy/1 result whose
     targets are objects and whose comparisons carry their difference's interval."""
-    from chatfleet.report.load import number, read_json
-
     where = f"--accuracy {path}"
     if not path.is_file():
         fail(f"{where}: no such file (give the file `chatfleet accuracy --out` wrote)")
@@ -223,8 +219,6 @@ def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: f
 def vllm_pool_only(gpu: str, model: str, weights: str, kv_cache: str, util: float | None,
                    request_tokens: int, system_prompt_tokens: int, as_json: bool) -> None:
     """vLLM's memory rule (core/memory.py: its overheads are assumed, not measured)."""
-    from chatfleet.core.memory import plan_vllm_pool
-
     with clean_errors():
         if request_tokens <= 0 or system_prompt_tokens < 0:
             fail("--request-tokens must be positive and --system-prompt-tokens not negative")

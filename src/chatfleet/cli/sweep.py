@@ -10,6 +10,8 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, request_stop
+from chatfleet.bench.telemetry import parse_telemetry_spec
 from chatfleet.cli.common import check_output_dir, clean_errors, console, fail, out
 from chatfleet.cli.options import GROUP_DRAW_HELP, build_lengths, build_loads, parse_group_draw
 from chatfleet.cli.render import knee_lines, sweep_table
@@ -23,6 +25,7 @@ from chatfleet.core.defaults import (
 )
 from chatfleet.core.metrics import SLO
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.engines import get_adapter
 
 ENGINES = ("sglang", "vllm", "simserver", "openai")
 
@@ -93,9 +96,6 @@ def sweep(
     max_loop_lag_ms: float = typer.Option(10.0, help="Client loop-lag p99 bound (validity)."),
 ) -> None:
     """Measure the knee against live engines, with the method automated."""
-    from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, request_stop
-    from chatfleet.bench.telemetry import parse_telemetry_spec
-
     with clean_errors():
         if engine not in ENGINES:
             fail(f"unknown --engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -123,8 +123,6 @@ def sweep(
         labels: dict[str, Any] = {k: v for k, v in (("gpu", gpu), ("weights", weights),
                                                      ("kv_cache", kv_cache)) if v}
         if engine_log is not None:
-            from chatfleet.engines import get_adapter
-
             labels["engine_log"] = get_adapter(engine).parse_log(engine_log)
         cfg = LiveSweepConfig(
             targets=[t.rstrip("/") for t in target], engine=engine, model=model, loads=loads,

@@ -40,7 +40,8 @@ from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.io import write_json
-from chatfleet.twin.fleet import MEASURED_HOP_S
+from chatfleet.twin.calibrate import calibrate
+from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
 from chatfleet.twin.run import is_calibrated
 from chatfleet.twin.sweep import TwinSweep
 
@@ -77,8 +78,6 @@ def calibrate_cmd(
 ) -> None:
     """Fit the twin's step-time constants to a live sweep (its concurrency-1 point; the vLLM
     model a second point too) and report the fit's error on the sweep's other points."""
-    from chatfleet.twin.calibrate import calibrate
-
     with clean_errors():
         check_output_file(out_path, "--out")
         read_sweep_file(from_, "--from")  # a wrong file is one line, before the fit reads it
@@ -230,8 +229,6 @@ def sweep(
         loads = build_loads(concurrency, rate, arrival)
         fleet = None
         if cap is not None or replicas > 1:
-            from chatfleet.twin.fleet import FleetConfig
-
             fleet = FleetConfig(replicas=replicas, cap=cap or spec.kv_pool_tokens(),
                                 queue_depth=queue_depth, ttft_budget_s=slo.ttft_ms / 1000,
                                 prefill_reserve_s=prefill_reserve_ms / 1000,

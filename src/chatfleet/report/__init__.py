@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatfleet.io import write_atomic
+from chatfleet.report.html import render_html
 from chatfleet.report.load import ReportInputError, Sweep, load_sweep, load_sweeps
+from chatfleet.report.markdown import render_markdown
+from chatfleet.report.plots import all_plots
 from chatfleet.report.proof import PROOF_SCHEMA, LiveProof, load_live_proof
 
 __all__ = [
@@ -57,10 +60,6 @@ def default_title(sweeps: Sequence[Sweep]) -> str:
 def render_report(sweeps: Sequence[Sweep], title: str | None = None,
                   proof: LiveProof | None = None) -> tuple[str, str]:
     """(HTML, Markdown) of the report over loaded sweeps, with the live proof when given."""
-    from chatfleet.report.html import render_html
-    from chatfleet.report.markdown import render_markdown
-    from chatfleet.report.plots import all_plots
-
     title = title or default_title(sweeps)
     return (render_html(sweeps, all_plots(sweeps), title, proof),
             render_markdown(sweeps, title, proof))

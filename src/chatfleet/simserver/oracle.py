@@ -30,6 +30,7 @@ from array import array
 from decimal import Decimal
 from pathlib import Path
 
+from chatfleet.check.gsm8k import gsm8k_answer
 from chatfleet.core.accuracy import (
     GSM8K_SUFFIX,
     Dataset,
@@ -38,7 +39,7 @@ from chatfleet.core.accuracy import (
     parse_number,
 )
 from chatfleet.core.errors import ChatfleetError
-from chatfleet.datasets import QwenTokenizer, gsm8k_answer
+from chatfleet.data.tokenizer import QwenTokenizer
 from chatfleet.simserver.generation import (
     DOUBLE_NEWLINE,
     NEWLINE,

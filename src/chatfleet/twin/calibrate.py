@@ -53,6 +53,7 @@ from chatfleet.core.engine.build import ENGINE_MODELS, EngineSpec
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.data.sharegpt import cached_sharegpt_length_pairs
 from chatfleet.twin.run import run_point
 
 # the per-sequence bisection: at most this many replays, stopping within this share of the
@@ -91,8 +92,6 @@ def workload_from_json(w: dict[str, Any]) -> tuple[WorkloadConfig, str | None]:
                           float(lengths.get("range_ratio", 0.0)),
                           lengths.get("convention", "sglang"))
     elif kind == "sharegpt":
-        from chatfleet.datasets import cached_sharegpt_length_pairs
-
         spec = LengthSpec("sharegpt", pairs=tuple(cached_sharegpt_length_pairs()))
     else:
         spec = LengthSpec("fixed", max(1, round(lengths["mean_input_len"])),

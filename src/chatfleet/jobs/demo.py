@@ -26,9 +26,10 @@ from chatfleet.core.defaults import SEED
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.specs import builtin_model, get_gpu, precision
+from chatfleet.core.workload import SessionProfile
 from chatfleet.io import write_json
-from chatfleet.parity import FleetParity, run_fleet_parity
-from chatfleet.planner import PlanRequest, Progress, SessionProfile, make_plan
+from chatfleet.jobs.parity import FleetParity, run_fleet_parity
+from chatfleet.jobs.plan import PlanRequest, Progress, make_plan
 from chatfleet.report import PROOF_SCHEMA, build_report
 from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
 from chatfleet.twin.run import target_block

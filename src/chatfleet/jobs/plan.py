@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet import __version__
-from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
+from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
 from chatfleet.core.engine.build import EngineSpec, thermal_profile_of
 from chatfleet.core.engine.thermal import cooling_need
 from chatfleet.core.memory import PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
@@ -35,7 +35,7 @@ from chatfleet.core.plan import (
     working_set_tokens,
 )
 from chatfleet.core.specs import GIB, GPU, HF_MODEL_IDS, Model, precision
-from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.core.workload import SessionProfile
 from chatfleet.engines import SGLangAdapter, VLLMAdapter
 from chatfleet.engines.base import LaunchCommand
 from chatfleet.gateway.config import parse_config
@@ -50,32 +50,6 @@ VLLM_PORT = 8000
 
 # Progress: (what is running, finished steps, all steps).
 Progress = Callable[[str, int, int], None]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionProfile:
-    """What one user does: a session of `turns` turns of `input_len` user tokens (uniform
-    within +-range_ratio, vLLM's convention) and `output_len` answer tokens, `think_time_s`
-    apart, every prompt starting with the shared system prompt."""
-
-    input_len: int = LengthSpec().input_len
-    output_len: int = LengthSpec().output_len
-    range_ratio: float = 0.5
-    turns: int = 1
-    think_time_s: float = 0.0
-    system_prompt_tokens: int = SYSTEM_PROMPT_TOKENS
-    prompt_groups: int = 1
-
-    def workload(self) -> WorkloadConfig:
-        return WorkloadConfig(
-            system_prompt_tokens=self.system_prompt_tokens, prompt_groups=self.prompt_groups,
-            lengths=LengthSpec("uniform", self.input_len, self.output_len, self.range_ratio,
-                               "vllm"),
-            turns=self.turns, think_time_s=self.think_time_s)
-
-    def history_tokens(self) -> float:
-        """A session's own tokens at its last turn (its history beyond the shared prompt)."""
-        return float(self.turns * (self.input_len + self.output_len))
 
 
 @dataclass(frozen=True, slots=True)
