@@ -218,10 +218,10 @@ def test_a_file_that_is_not_a_sweep_is_refused(tmp_path: Path) -> None:
     f = tmp_path / "x.json"
     f.write_text('{"schema": "other"}')
     code, out = plan("--users", "10", "--sweep", str(f))
-    assert code == 2 and "not chatfleet.sweep/1" in words(out)
+    assert code == 2 and "unsupported schema 'other' (expected 'chatfleet.sweep/1')" in words(out)
     f.write_text("{not json")
     code, out = plan("--users", "10", "--sweep", str(f))
-    assert code == 2 and "not readable JSON" in words(out)
+    assert code == 2 and "is not valid JSON" in words(out)
 
 
 def test_a_live_sweep_directory_is_read_like_its_sweep_json(tmp_path: Path,
