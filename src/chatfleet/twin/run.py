@@ -22,6 +22,7 @@ from chatfleet.core.engine.build import (
 )
 from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.engine.step import StepRow
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import (
@@ -91,6 +92,7 @@ class _Run:
             return []  # a decode run that was cut short since
         res = self.scheds[i].complete(now)
         out: list[Event] = []
+        horizon = self.horizon
         for req in res.finished:
             spec = self.specs.pop(req.rid)
             del self.reqs[req.rid]
@@ -98,11 +100,16 @@ class _Run:
             nxt = self.driver.on_done(spec, now)
             if nxt is not None and nxt.scheduled_time < self.window_end:
                 out.append(self.loop.at(nxt.scheduled_time, self.arrive, nxt))
-        out.extend(self._kick(i, now))
+                horizon = min(horizon, nxt.scheduled_time)
+        out.extend(self._kick(i, now, horizon))
         return out
 
-    def _kick(self, i: int, now: float) -> list[Event]:
-        return kick(self.loop, self.scheds, self.step_gen, i, now, self.horizon, self.step_end)
+    def _kick(self, i: int, now: float, horizon: float | None = None) -> list[Event]:
+        """`horizon`: a known arrival before the loop's stop time. A decode run is cut at the
+        step running when a request arrives, so one that would be cut need not be planned
+        beyond it (any horizon gives the same steps; a nearer one, fewer events)."""
+        return kick(self.loop, self.scheds, self.step_gen, i, now,
+                    self.horizon if horizon is None else horizon, self.step_end)
 
     def _record(self, i: int, spec: RequestSpec, req: EngineRequest,
                 outcome: str) -> RequestRecord:
@@ -235,13 +242,16 @@ def engine_block(scheds: list[EngineModel], start: float, end: float) -> dict[st
     max_queue = 0
     peak_usage = 0.0
     for sched in scheds:
-        for row in sched.log:
-            t = float(row[0])  # type: ignore[arg-type]
-            if t < start or t > end or row[1] == "prefill":
+        # unpacked, not read by name: a 1-h fleet run leaves some 10^5 rows per replica
+        for t, kind, batch, _, _, _, queue, usage, _, _, _, _, _, _ in sched.log:
+            if t < start or t > end or kind == "prefill":
                 continue
-            max_running = max(max_running, int(row[2]))  # type: ignore[call-overload]
-            max_queue = max(max_queue, int(row[6]))  # type: ignore[call-overload]
-            peak_usage = max(peak_usage, float(row[7]))  # type: ignore[arg-type]
+            if batch > max_running:
+                max_running = batch
+            if queue > max_queue:
+                max_queue = queue
+            if usage > peak_usage:
+                peak_usage = usage
     cached = sum(s.num_prefill_cached_tokens for s in scheds)
     prompt = sum(s.num_prefill_input_tokens for s in scheds)
     return {
@@ -273,13 +283,13 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
     span = max(end - start, 1e-9) * len(scheds)
     by_kind = {"prefill": 0.0, "decode": 0.0}
     for row, w in busy:
-        if row[1] == "mixed":  # vLLM: decodes and prefill chunks, split by their tokens
-            p_tok, d_tok = float(row[3]), float(row[4])  # type: ignore[arg-type]
+        if row.kind == "mixed":  # vLLM: decodes and prefill chunks, split by their tokens
+            p_tok, d_tok = float(row.prefill_tokens), float(row.decode_tokens)
             share = p_tok / (p_tok + d_tok) if p_tok + d_tok else 0.0
             by_kind["prefill"] += w * share
             by_kind["decode"] += w * (1.0 - share)
         else:
-            by_kind[str(row[1])] += w
+            by_kind[row.kind] += w
     busy_s = sum(by_kind.values())
     loaded_w = profile.idle_w + sum(
         w * (profile.phase_power_w(kind) - profile.idle_w) for kind, w in by_kind.items()) / span
@@ -294,17 +304,17 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
                 "thermal_slowdown_share": 0.0, **block,
                 "power_w": {"mean": round(loaded_w, 2), "at_loaded_clock": round(loaded_w, 2)},
                 "slowdown_after_s": None, "thermal_model": False}
-    clocks = sorted((float(r[9]), w) for r, w in busy)  # type: ignore[arg-type]
-    slow_s = sum(w for r, w in busy if r[12])
+    clocks = sorted((_figure(r.sm_clock_mhz), w) for r, w in busy)
+    slow_s = sum(w for r, w in busy if r.thermal_slowdown)
     energy = 0.0
     for r, w in busy:
-        energy += float(r[11]) * w  # type: ignore[arg-type]
+        energy += _figure(r.power_w) * w
     mean_w = (energy + profile.idle_w * max(0.0, span - busy_s)) / span
-    first_slow = min((float(r[0]) for r in log if r[12]), default=None)  # type: ignore[arg-type]
+    first_slow = min((r.time for r in log if r.thermal_slowdown), default=None)
     return {
         "sm_clock_mhz": {"p50": round(weighted_median(clocks), 1),
                          "min": round(clocks[0][0], 1)},
-        "temp_c": {"max": round(max(float(r[10]) for r, _ in busy), 2)},  # type: ignore[arg-type]
+        "temp_c": {"max": round(max(_figure(r.temp_c) for r, _ in busy), 2)},
         "thermal_slowdown_share": round(slow_s / busy_s, 4) if busy_s else 0.0,
         **block,
         "power_w": {"mean": round(mean_w, 2), "at_loaded_clock": round(loaded_w, 2)},
@@ -313,14 +323,21 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
     }
 
 
-def weighted_rows(log: list[tuple[object, ...]], start: float,
-                  end: float) -> list[tuple[tuple[object, ...], float]]:
+def _figure(value: float | None) -> float:
+    """A thermal figure of a step row, where the thermal model is on."""
+    if value is None:
+        raise ValueError("a step row without the thermal model's figures")
+    return value
+
+
+def weighted_rows(log: list[StepRow], start: float,
+                  end: float) -> list[tuple[StepRow, float]]:
     """Each step row with the seconds of its step inside [start, end] (rows with none left
     out)."""
     out = []
     for row in log:
-        t = float(row[0])  # type: ignore[arg-type]
-        w = min(t, end) - max(t - float(row[13]), start)  # type: ignore[arg-type]
+        t = row.time
+        w = min(t, end) - max(t - row.step_s, start)
         if w > 0:
             out.append((row, w))
     return out
