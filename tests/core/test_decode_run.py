@@ -5,6 +5,7 @@ from __future__ import annotations
 from chatfleet.core.calibration import thermal_profile
 from chatfleet.core.engine.decode_run import advance_thermal, run_ends
 from chatfleet.core.engine.step import Step
+from chatfleet.core.engine.steplog import KINDS, NO_THERMAL, StepLog, StepRow
 from chatfleet.core.engine.thermal import ThermalState
 from chatfleet.core.specs import get_gpu
 
@@ -59,3 +60,27 @@ def test_with_the_thermal_model_each_step_runs_at_the_clock_the_last_one_left() 
                                         decode_ends=ends), ends[-1])
     assert len(figures) == 40 and figures[-1][:2] == (start.sm_mhz, start.temp_c)
     assert len({f[0] for f in figures}) > 1  # the clock did move along the run
+
+
+def test_the_step_log_keeps_a_run_by_column_and_gives_it_back_by_row() -> None:
+    log = StepLog()
+    log.add(1.0, "prefill", 2, 900, 0, 2, 1, 0.25, 0.5, NO_THERMAL, 1.0)
+    log.add_run(1.0, [1.25, 1.5, 1.75], "decode", 2, 0, 2, 2, 0, [0.3, 0.31, 0.32], 0.5,
+                [NO_THERMAL] * 3)
+    log.add_run(2.0, [2.5, 3.0], "mixed", 3, 100, 2, 3, 0, [0.4, 0.41], 0.6,
+                [(900.0, 80.0, 60.0, True), (890.0, 81.0, 61.0, True)])
+    assert len(log) == 6
+    assert log[0] == StepRow(1.0, "prefill", 2, 900, 0, 2, 1, 0.25, 0.5, None, None, None,
+                             False, 1.0)
+    assert log[2] == StepRow(1.5, "decode", 2, 0, 2, 2, 0, 0.31, 0.5, None, None, None, False,
+                             0.25)
+    assert log[4] == StepRow(2.5, "mixed", 3, 100, 2, 3, 0, 0.4, 0.6, 900.0, 80.0, 60.0, True,
+                             0.5)
+    assert log[-1] == StepRow(3.0, "decode", 2, 0, 2, 3, 0, 0.41, 0.6, 890.0, 81.0, 61.0, True,
+                              0.5)
+    assert [r.time for r in log] == log.floats("time").tolist() == [1.0, 1.25, 1.5, 1.75, 2.5,
+                                                                    3.0]
+    assert log.ints("kind").tolist() == [KINDS.index(r.kind) for r in log]
+    again = StepLog(list(log))
+    again.extend(log)
+    assert list(again) == list(log) * 2

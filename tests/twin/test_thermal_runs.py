@@ -23,11 +23,12 @@ from chatfleet.core.calibration import (
 )
 from chatfleet.core.engine.build import EngineSpec, build_engine
 from chatfleet.core.engine.protocol import EngineModel
-from chatfleet.core.engine.step import StepKind, StepRow
+from chatfleet.core.engine.step import StepKind
+from chatfleet.core.engine.steplog import StepLog, StepRow
 from chatfleet.core.engine.thermal import ThermalState, cooling_need
 from chatfleet.core.specs import get_gpu
 from chatfleet.core.workload import WorkloadConfig
-from chatfleet.twin.run import gpu_block, run_point, weighted_median, weighted_rows
+from chatfleet.twin.run import gpu_block, run_point, step_weights, weighted_median
 from tests.twin.conftest import closed, engine
 
 L4 = get_gpu("l4")
@@ -130,11 +131,12 @@ def test_gpu_block_weights_steps_by_time_in_the_window() -> None:
            row(13.0, "prefill", 500.0, True, 3.0),  # 10..13: fully inside
            row(14.0, "decode", 1320.0, False, 1.0),
            row(21.0, "decode", 400.0, True, 2.0)]  # 19..21: half inside
-    rows = weighted_rows(log, 10.0, 20.0)
-    assert [w for _, w in rows] == [3.0, 1.0, 1.0]
-    assert weighted_median(sorted((r.sm_clock_mhz or 0.0, w) for r, w in rows)) == 500.0
+    steps, weights = step_weights(StepLog(log), 10.0, 20.0)
+    assert steps.tolist() == [1, 2, 3] and weights.tolist() == [3.0, 1.0, 1.0]
+    assert weighted_median(sorted((log[i].sm_clock_mhz or 0.0, w)
+                                  for i, w in zip(steps, weights, strict=True))) == 500.0
     sched = build_engine(engine("bf16", thermal=True))
-    sched.log = log
+    sched.log = StepLog(log)
     gpu = gpu_block(engine("bf16", thermal=True), [sched], 10.0, 20.0)
     assert gpu["busy_share"] == pytest.approx(0.5)
     assert gpu["prefill_share"] == pytest.approx(0.6)

@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from chatfleet.core.engine.scheduler import Scheduler
-from chatfleet.core.engine.step import StepRow
+from chatfleet.core.engine.steplog import StepRow
 from chatfleet.core.engine.vllm_scheduler import VLLMScheduler
 from chatfleet.core.workload import WorkloadConfig
 from chatfleet.twin.loop import EventLoop

@@ -13,6 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from chatfleet import __version__
 from chatfleet.core.engine.build import (
     ENGINE_MODEL_VERSIONS,
@@ -22,7 +25,7 @@ from chatfleet.core.engine.build import (
 )
 from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.step import StepRow
+from chatfleet.core.engine.steplog import KIND_CODES, StepLog
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import (
@@ -242,16 +245,13 @@ def engine_block(scheds: list[EngineModel], start: float, end: float) -> dict[st
     max_queue = 0
     peak_usage = 0.0
     for sched in scheds:
-        # unpacked, not read by name: a 1-h fleet run leaves some 10^5 rows per replica
-        for t, kind, batch, _, _, _, queue, usage, _, _, _, _, _, _ in sched.log:
-            if t < start or t > end or kind == "prefill":
-                continue
-            if batch > max_running:
-                max_running = batch
-            if queue > max_queue:
-                max_queue = queue
-            if usage > peak_usage:
-                peak_usage = usage
+        log = sched.log
+        t = log.floats("time")
+        read = (t >= start) & (t <= end) & (log.ints("kind") != KIND_CODES["prefill"])
+        if read.any():
+            max_running = max(max_running, int(log.ints("batch")[read].max()))
+            max_queue = max(max_queue, int(log.ints("queue")[read].max()))
+            peak_usage = max(peak_usage, float(log.floats("token_usage")[read].max()))
     cached = sum(s.num_prefill_cached_tokens for s in scheds)
     prompt = sum(s.num_prefill_input_tokens for s in scheds)
     return {
@@ -274,25 +274,29 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
     `busy_share`, `prefill_share` (of the busy time) and the power the work draws at the
     loaded clock come from the steps, with the thermal model on or off (the power model of
     core/calibration.ThermalProfile). `slowdown_after_s`: the end of the first throttled step,
-    from the start of the run."""
+    from the start of the run. Sums run in step order (the replicas' logs one after another)."""
     profile = thermal_profile_of(spec)
-    log = [r for s in scheds for r in s.log]
-    busy = weighted_rows(log, start, end)
-    if not busy:
-        busy = weighted_rows(log, float("-inf"), float("inf"))
+    log = StepLog() if len(scheds) != 1 else scheds[0].log
+    if len(scheds) != 1:
+        for s in scheds:
+            log.extend(s.log)
+    idx, w = step_weights(log, start, end)
+    if not len(idx):
+        idx, w = step_weights(log, float("-inf"), float("inf"))
     span = max(end - start, 1e-9) * len(scheds)
-    by_kind = {"prefill": 0.0, "decode": 0.0}
-    for row, w in busy:
-        if row.kind == "mixed":  # vLLM: decodes and prefill chunks, split by their tokens
-            p_tok, d_tok = float(row.prefill_tokens), float(row.decode_tokens)
-            share = p_tok / (p_tok + d_tok) if p_tok + d_tok else 0.0
-            by_kind["prefill"] += w * share
-            by_kind["decode"] += w * (1.0 - share)
-        else:
-            by_kind[row.kind] += w
+    kind = log.ints("kind")[idx]
+    p_tok = log.ints("prefill_tokens")[idx].astype(np.float64)
+    tokens = p_tok + log.ints("decode_tokens")[idx]
+    # vLLM's mixed steps: decodes and prefill chunks, split by their tokens
+    mixed = kind == KIND_CODES["mixed"]
+    share = np.divide(p_tok, tokens, out=np.zeros_like(p_tok), where=tokens != 0)
+    by_kind = {
+        "prefill": _added(np.where(mixed, w * share, w)[kind != KIND_CODES["decode"]]),
+        "decode": _added(np.where(mixed, w * (1.0 - share), w)[kind != KIND_CODES["prefill"]]),
+    }
     busy_s = sum(by_kind.values())
     loaded_w = profile.idle_w + sum(
-        w * (profile.phase_power_w(kind) - profile.idle_w) for kind, w in by_kind.items()) / span
+        secs * (profile.phase_power_w(k) - profile.idle_w) for k, secs in by_kind.items()) / span
     block: dict[str, Any] = {
         "busy_share": round(min(1.0, busy_s / span), 4),
         "prefill_share": round(by_kind["prefill"] / busy_s, 4) if busy_s else None,
@@ -304,17 +308,18 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
                 "thermal_slowdown_share": 0.0, **block,
                 "power_w": {"mean": round(loaded_w, 2), "at_loaded_clock": round(loaded_w, 2)},
                 "slowdown_after_s": None, "thermal_model": False}
-    clocks = sorted((_figure(r.sm_clock_mhz), w) for r, w in busy)
-    slow_s = sum(w for r, w in busy if r.thermal_slowdown)
-    energy = 0.0
-    for r, w in busy:
-        energy += _figure(r.power_w) * w
+    sm = log.floats("sm_clock_mhz")[idx]
+    by_clock = np.lexsort((w, sm))  # by clock, then by weight: sorted() of (clock, w) pairs
+    clocks = list(zip(sm[by_clock].tolist(), w[by_clock].tolist(), strict=True))
+    slow = log.ints("thermal_slowdown") != 0
+    slow_s = sum(w[slow[idx]].tolist())
+    energy = _added(log.floats("power_w")[idx] * w)
     mean_w = (energy + profile.idle_w * max(0.0, span - busy_s)) / span
-    first_slow = min((r.time for r in log if r.thermal_slowdown), default=None)
+    first_slow = float(log.floats("time")[slow].min()) if slow.any() else None
     return {
         "sm_clock_mhz": {"p50": round(weighted_median(clocks), 1),
                          "min": round(clocks[0][0], 1)},
-        "temp_c": {"max": round(max(_figure(r.temp_c) for r, _ in busy), 2)},
+        "temp_c": {"max": round(float(log.floats("temp_c")[idx].max()), 2)},
         "thermal_slowdown_share": round(slow_s / busy_s, 4) if busy_s else 0.0,
         **block,
         "power_w": {"mean": round(mean_w, 2), "at_loaded_clock": round(loaded_w, 2)},
@@ -323,24 +328,22 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
     }
 
 
-def _figure(value: float | None) -> float:
-    """A thermal figure of a step row, where the thermal model is on."""
-    if value is None:
-        raise ValueError("a step row without the thermal model's figures")
-    return value
+def _added(values: npt.NDArray[np.float64]) -> float:
+    """The values added one after another, from 0.0 (numpy's sum adds pairwise)."""
+    total = 0.0
+    for v in values.tolist():
+        total += v
+    return total
 
 
-def weighted_rows(log: list[StepRow], start: float,
-                  end: float) -> list[tuple[StepRow, float]]:
-    """Each step row with the seconds of its step inside [start, end] (rows with none left
-    out)."""
-    out = []
-    for row in log:
-        t = row.time
-        w = min(t, end) - max(t - row.step_s, start)
-        if w > 0:
-            out.append((row, w))
-    return out
+def step_weights(log: StepLog, start: float, end: float) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The steps with a part of their duration inside [start, end] (their indices in the
+    log, in order) and the seconds of that part."""
+    t = log.floats("time")
+    w = np.minimum(t, end) - np.maximum(t - log.floats("step_s"), start)
+    idx = np.flatnonzero(w > 0)
+    return idx, w[idx]
 
 
 def weighted_median(pairs: list[tuple[float, float]]) -> float:

@@ -15,13 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from chatfleet.core.engine.step import Step
+from chatfleet.core.engine.steplog import ThermalFigures
 from chatfleet.core.engine.thermal import ThermalState
 
 # (batch, context tokens, sm_factor, mem_factor) -> seconds: StepTimeModel/MixedStepModel.decode_s
 DecodeTime = Callable[[int, int, float, float], float]
-# what a step's log row reads from the thermal state once the step ran
-ThermalFigures = tuple[float | None, float | None, float | None, bool]
-NO_THERMAL: ThermalFigures = (None, None, None, False)
 
 
 def run_ends(decode_s: DecodeTime, batch: int, kv_tokens: int, now: float, max_steps: int,

@@ -33,18 +33,14 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chatfleet.core.engine.decode_run import (
-    NO_THERMAL,
-    ThermalFigures,
-    advance_thermal,
-    run_ends,
-)
+from chatfleet.core.engine.decode_run import advance_thermal, run_ends
 from chatfleet.core.engine.kv_pool import KVPool
 from chatfleet.core.engine.prefill_adder import CLIP_MAX_NEW_TOKENS, PrefillAdder
 from chatfleet.core.engine.radix import RadixCache, as_tokens
 from chatfleet.core.engine.request import EngineRequest, Segment
-from chatfleet.core.engine.step import Step, StepResult, StepRow
+from chatfleet.core.engine.step import Step, StepResult
 from chatfleet.core.engine.step_time import StepTimeModel
+from chatfleet.core.engine.steplog import NO_THERMAL, StepLog, ThermalFigures
 from chatfleet.core.engine.thermal import ThermalState
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
@@ -102,7 +98,7 @@ class Scheduler:
             1, cfg.new_token_ratio_decay_steps)
         self.num_decode_steps = 0  # completed
         self.step_end_times: list[float] = []
-        self.log: list[StepRow] = []
+        self.log = StepLog()
         self._finish_heap: list[tuple[int, int, int, EngineRequest]] = []
         self._seq = 0
         # running sums over `running` (decode requests)
@@ -414,9 +410,9 @@ class Scheduler:
         result = StepResult(step)
         if step.kind == "prefill":
             self._complete_prefill(step, now, result)
-            self.log.append(StepRow(now, "prefill", len(step.batch), step.num_prefill_tokens,
-                                    0, len(self.running), step.num_waiting, self.token_usage(),
-                                    self._hit_rate(), *thermal[0], step.duration))
+            self.log.add(now, "prefill", len(step.batch), step.num_prefill_tokens, 0,
+                         len(self.running), step.num_waiting, self.token_usage(),
+                         self._hit_rate(), thermal[0], step.duration)
         else:
             self._complete_decode(step, now, result, thermal)
             result.retracted = self._pending_retracted
@@ -473,16 +469,10 @@ class Scheduler:
         n = step.num_decode
         cap = self.pool.capacity_tokens
         used = cap - self.free_tokens() - self.tree.evictable_size()
-        hit = self._hit_rate()
-        running = len(self.running)
-        waiting = step.num_waiting
-        log = self.log
-        prev = step.start
-        for j, t in enumerate(ends):  # one log row per decode step, as SGLang's
-            log.append(StepRow(t, "decode", n, 0, n, running, waiting,
-                               (used - n * (k - 1 - j)) / cap, hit,
-                               *thermal[j], t - prev))
-            prev = t
+        # one log entry per decode step, as SGLang's; the later steps' slots were not yet used
+        self.log.add_run(step.start, ends, "decode", n, 0, n, len(self.running),
+                         step.num_waiting, [(used - n * (k - 1 - j)) / cap for j in range(k)],
+                         self._hit_rate(), thermal)
         self.num_decode_steps += k
         self.step_end_times.extend(step.decode_ends)
         if not self.running:

@@ -1,11 +1,11 @@
-"""What one engine step is, what it produced, and the log row it leaves: shared by the engine
-models (SGLang's prefill-first scheduler and vLLM's token-budget scheduler) and the shells that
-drive them."""
+"""What one engine step is and what it produced (the log it leaves: steplog.py): shared by the
+engine models (SGLang's prefill-first scheduler and vLLM's token-budget scheduler) and the
+shells that drive them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from chatfleet.core.engine.request import EngineRequest
 
@@ -41,27 +41,3 @@ class StepResult:
     first_tokens: list[EngineRequest] = field(default_factory=list)  # a prefill sampled a token
     finished: list[EngineRequest] = field(default_factory=list)
     retracted: list[EngineRequest] = field(default_factory=list)  # SGLang retracted, vLLM preempted
-
-
-class StepRow(NamedTuple):
-    """One log row per step, as the engines log them (SGLang per batch, vLLM per engine step;
-    a decode run leaves one row per step it ran). A tuple, so that appending one per step stays
-    cheap; readers unpack it or read it by name."""
-
-    time: float  # the step's end
-    kind: StepKind
-    batch: int  # requests in the step (SGLang prefill: its batch; decode: the running batch)
-    prefill_tokens: int
-    decode_tokens: int
-    running: int  # running requests as the step leaves the engine
-    queue: int  # waiting requests when the step was scheduled
-    token_usage: float
-    cache_hit_rate: float  # prompt tokens found in the prefix cache, since the start
-    sm_clock_mhz: float | None  # the thermal model's figures (None: the model is off)
-    temp_c: float | None
-    power_w: float | None
-    thermal_slowdown: bool
-    step_s: float  # the step's duration
-
-
-LOG_FIELDS = StepRow._fields

@@ -55,18 +55,14 @@ import heapq
 from collections import deque
 from collections.abc import Iterable
 
-from chatfleet.core.engine.decode_run import (
-    NO_THERMAL,
-    ThermalFigures,
-    advance_thermal,
-    run_ends,
-)
+from chatfleet.core.engine.decode_run import advance_thermal, run_ends
 from chatfleet.core.engine.kv_cache_manager import KVCacheManager, VLLMRequest, cdiv
 from chatfleet.core.engine.mixed_step import MixedStepModel
 from chatfleet.core.engine.radix import as_tokens
 from chatfleet.core.engine.request import EngineRequest, Segment
-from chatfleet.core.engine.step import Step, StepKind, StepResult, StepRow
+from chatfleet.core.engine.step import Step, StepKind, StepResult
 from chatfleet.core.engine.step_time import attention_pairs
+from chatfleet.core.engine.steplog import NO_THERMAL, StepLog, ThermalFigures
 from chatfleet.core.engine.thermal import ThermalState
 from chatfleet.core.engine.vllm_config import VLLMConfig
 
@@ -86,7 +82,7 @@ class VLLMScheduler:
         self.in_flight: Step | None = None
         self.num_steps = 0  # completed steps (a decode run counts each of its steps)
         self.step_end_times: list[float] = []
-        self.log: list[StepRow] = []
+        self.log = StepLog()
         # decoding requests: counts by phase, running sums, finish heap
         bs = cfg.block_size
         self._phase_count = [0] * bs
@@ -554,20 +550,15 @@ class VLLMScheduler:
                if self.num_prefill_input_tokens else 0.0)
         usable = self.pool.num_usable
         used = usable - self.pool.num_free()
-        running = len(self.running)
-        num_decode = step.num_decode
-        waiting = step.num_waiting
-        ends = step.decode_ends
-        log = self.log
         still = sum(later_blocks)  # blocks the run's later steps took: not in use at step 0
-        log.append(StepRow(ends[0], step.kind, num_decode + len(step.batch),
-                           step.num_prefill_tokens, num_decode, running, waiting,
-                           (used - still) / usable, hit, *thermal[0], ends[0] - step.start))
-        for j in range(1, len(ends)):
-            still -= later_blocks[j]
-            t = ends[j]
-            log.append(StepRow(t, "decode", num_decode, 0, num_decode, running, waiting,
-                               (used - still) / usable, hit, *thermal[j], t - ends[j - 1]))
+        usage = [(used - still) / usable]
+        for need in later_blocks[1:]:
+            still -= need
+            usage.append((used - still) / usable)
+        self.log.add_run(step.start, step.decode_ends, step.kind,
+                         step.num_decode + len(step.batch), step.num_prefill_tokens,
+                         step.num_decode, len(self.running), step.num_waiting, usage, hit,
+                         thermal)
 
     # --- results -------------------------------------------------------------------------
     def token_times(self, req: EngineRequest) -> list[float]:
