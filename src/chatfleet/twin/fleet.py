@@ -189,7 +189,6 @@ class _FleetRun:
             return []
         res = self.scheds[i].complete(now)
         out: list[Event] = []
-        horizon = self.horizon  # see twin.run._Run._kick
         for req in res.finished:
             att = self.attempts.pop(req.rid)
             spec = att.spec
@@ -204,9 +203,7 @@ class _FleetRun:
             nxt = self.driver.on_done(spec, now)
             if nxt is not None and nxt.scheduled_time < self.window_end:
                 out.append(self.loop.at(nxt.scheduled_time, self.arrive, _Attempt(nxt, 0)))
-                # it reaches an engine a hop after the gateway admits it, at the earliest
-                horizon = min(horizon, nxt.scheduled_time + self.hop_s)
-        out.extend(kick(self.loop, self.scheds, self.step_gen, i, now, horizon, self.step_end))
+        out.extend(self.kick(i, now))
         return out
 
     def record(self, att: _Attempt, req: EngineRequest, outcome: str = "ok") -> RequestRecord:
