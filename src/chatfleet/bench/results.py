@@ -17,37 +17,20 @@ An interrupted sweep loses nothing that finished: `--resume` reads runs.jsonl an
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.records import RequestRecord
+from chatfleet.io import write_json
 
 
-class ResultsError(ValueError):
+class ResultsError(ChatfleetError):
     pass
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def dumps(doc: Any) -> bytes:
-    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
 
 
 class SweepDir:
@@ -79,7 +62,7 @@ class SweepDir:
                     raise ResultsError(
                         f"--resume: the sweep in {self.root} was run with a different {key} "
                         f"({old[key]!r}); start a new --out")
-        write_atomic(self.meta_path, dumps(meta))
+        write_json(self.meta_path, meta)
         return done
 
     def finished_runs(self) -> list[dict[str, Any]]:
@@ -107,7 +90,7 @@ class SweepDir:
     def write_doc(self, target: dict[str, Any], workload: dict[str, Any], slo: SLO,
                   points: list[dict[str, Any]], cap_margin: int) -> dict[str, Any]:
         doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
-        write_atomic(self.doc_path, dumps(doc))
+        write_json(self.doc_path, doc)
         return doc
 
     def write_records(self, index: int, records: Iterable[RequestRecord]) -> Path:

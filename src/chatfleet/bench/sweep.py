@@ -33,8 +33,15 @@ from chatfleet.bench.drive import DriveResult, Payload, completions_with_ids, dr
 from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
-from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
+from chatfleet.bench.telemetry import (
+    TelemetrySampler,
+    below_clock_floor,
+    cool_down,
+    make_source,
+)
 from chatfleet.bench.text_pool import DEFAULT_WORKERS, TextPool
+from chatfleet.core.defaults import COOLDOWN_MAX_S, DRAIN_S, DURATION_S, SEED, WARMUP_S
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, find_knee, load_value, summarize_point
 from chatfleet.core.refine import BISECT_MAX_RUNS, EXTEND_MAX_RUNS, RefinePolicy, next_load
 from chatfleet.core.workload import (
@@ -43,6 +50,7 @@ from chatfleet.core.workload import (
     WorkloadConfig,
     driver_for,
 )
+from chatfleet.data.tokenizer import load_qwen_tokenizer
 from chatfleet.engines import EngineAdapter, FlushVerdict, flush_and_verify, get_adapter
 
 FLUSH_TRIES = 3
@@ -58,14 +66,14 @@ class LiveSweepConfig:
     wcfg: WorkloadConfig
     out: Path
     slo: SLO = field(default_factory=SLO)
-    duration_s: float = 300.0
-    warmup_s: float = 30.0
-    drain_s: float = 300.0
+    duration_s: float = DURATION_S
+    warmup_s: float = WARMUP_S
+    drain_s: float = DRAIN_S
     flush: bool = True
-    seed: int = 1
+    seed: int = SEED
     telemetry: str = "none"
     cooldown_temp_c: float | None = None
-    cooldown_max_s: float = 300.0
+    cooldown_max_s: float = COOLDOWN_MAX_S
     clock_floor_mhz: float | None = None
     resume: bool = False
     refine: bool = False
@@ -133,7 +141,7 @@ class LiveSweep:
             try:
                 infos.append(await self.adapter.server_info(session, url))
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise ValueError(f"cannot reach the target {url}: {exc}") from exc
+                raise ChatfleetError(f"cannot reach the target {url}: {exc}") from exc
         info = infos[0] if infos else {}
         self.time_scale = float(info.get("time_scale") or 1.0)
         self.target = {
@@ -153,8 +161,6 @@ class LiveSweep:
         if self.cfg.api == "completions-ids":
             inner = completions_with_ids(self.cfg.model, self.adapter.accepts_ignore_eos)
         else:
-            from chatfleet.datasets import load_qwen_tokenizer
-
             tok = load_qwen_tokenizer()
             pool = TextPool(tok.directory, self.cfg.prompt_workers)
             pool.start()  # before any clock: the workers load the tokenizer
@@ -169,8 +175,6 @@ class LiveSweep:
         """Where the engine sends no running usage, count each chunk with the tokenizer."""
         if self.adapter.accepts_continuous_usage:
             return None
-        from chatfleet.datasets import load_qwen_tokenizer
-
         tok = load_qwen_tokenizer()
         return lambda text: len(tok.encode(text))
 
@@ -264,11 +268,9 @@ class LiveSweep:
                            f"{loop_p99:.1f} ms (bounds {c.max_send_lag_ms:g} / "
                            f"{c.max_loop_lag_ms:g} ms)")
         gpu = tele.summary(c.warmup_s, window_end)
-        clock_p50 = (gpu.get("sm_clock_mhz") or {}).get("p50")
-        if c.clock_floor_mhz is not None and clock_p50 is not None and \
-                clock_p50 < c.clock_floor_mhz:
-            reasons.append(f"under the clock floor: median SM clock {clock_p50:.0f} MHz < "
-                           f"{c.clock_floor_mhz:g} MHz")
+        under_floor = below_clock_floor(gpu, c.clock_floor_mhz)
+        if under_floor is not None:
+            reasons.append(under_floor)
         if res.interrupted:
             reasons.append("interrupted: the window was cut short by Ctrl-C")
         point = summarize_point(

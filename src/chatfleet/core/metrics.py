@@ -49,6 +49,7 @@ from typing import Any, Literal, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.records import RequestRecord
 
 Mode = Literal["open", "closed"]
@@ -117,13 +118,13 @@ class SLO:
 
     def __post_init__(self) -> None:
         if self.itl_stat not in ITL_STATS:
-            raise ValueError(f"itl_stat must be one of {ITL_STATS}, not {self.itl_stat!r}")
+            raise ChatfleetError(f"itl_stat must be one of {ITL_STATS}, not {self.itl_stat!r}")
         if not (self.ttft_ms > 0 and math.isfinite(self.ttft_ms)):
-            raise ValueError(f"ttft_ms must be a positive number, not {self.ttft_ms!r}")
+            raise ChatfleetError(f"ttft_ms must be a positive number, not {self.ttft_ms!r}")
         if not (self.tpot_ms > 0 and math.isfinite(self.tpot_ms)):
-            raise ValueError(f"tpot_ms must be a positive number, not {self.tpot_ms!r}")
+            raise ChatfleetError(f"tpot_ms must be a positive number, not {self.tpot_ms!r}")
         if not 0.0 < self.attainment <= 1.0:
-            raise ValueError(f"attainment must be in (0, 1], not {self.attainment!r}")
+            raise ChatfleetError(f"attainment must be in (0, 1], not {self.attainment!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -797,7 +798,7 @@ def recommended_cap(
     `meets`.
     """
     if cap_margin_steps < 0:
-        raise ValueError("cap_margin_steps must be >= 0")
+        raise ChatfleetError("cap_margin_steps must be >= 0")
     meets = knee.get("meets")
     if meets is None:
         return None

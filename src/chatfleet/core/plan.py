@@ -24,13 +24,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import load_value, recommended_cap
 
 # The order of preference when two precisions tie: the wider format first.
 PRECISION_ORDER = ("bf16", "fp8")
 
 
-class PlanError(ValueError):
+class PlanError(ChatfleetError):
     """Inputs the plan cannot use (a sweep without a closed-loop knee, bad headroom, ...)."""
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import MODES, SCHEMA, SLO, sweep_document
 
 SWEEP_FILE = "sweep.json"
@@ -31,7 +32,7 @@ META_FILE = "meta.json"
 SUMMARY_KEYS = ("knee", "knee_rate", "throughput_peak", "recommended_cap")
 
 
-class ReportInputError(ValueError):
+class ReportInputError(ChatfleetError):
     """The report's input is missing or is not a readable chatfleet.sweep/1 sweep."""
 
 

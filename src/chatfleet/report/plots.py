@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from chatfleet.core.metrics import load_value
+from chatfleet.core.metrics import SLO, load_value
 from chatfleet.report import human
 from chatfleet.report.load import Series, Sweep, number
 from chatfleet.report.tables import get, load_text
@@ -269,7 +269,7 @@ def goodput_plot(sweeps: Sequence[Sweep]) -> Plot:
     with _style():
         fig, axes = _new_figure(len(modes), 2)
         knee_handles: list[Any] = []
-        targets = _slo_targets(sweeps, "attainment", 0.99)
+        targets = _slo_targets(sweeps, "attainment", SLO().attainment)
         for col, mode in enumerate(modes):
             top, bottom = axes[0][col], axes[1][col]
             labels: Labels = []
@@ -325,8 +325,8 @@ def latency_plot(sweeps: Sequence[Sweep]) -> Plot:
     modes = modes_of(sweeps)
     if not modes:
         return _no_points_plot(key, title)
-    ttft_t = _slo_targets(sweeps, "ttft_ms", 1000.0)
-    tpot_t = _slo_targets(sweeps, "tpot_ms", 100.0)
+    ttft_t = _slo_targets(sweeps, "ttft_ms", SLO().ttft_ms)
+    tpot_t = _slo_targets(sweeps, "tpot_ms", SLO().tpot_ms)
     stats = sorted({str(get(s.doc, "slo", "itl_stat") or "mean") for s in sweeps})
     with _style():
         fig, axes = _new_figure(len(modes), 2)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatfleet.core.metrics import load_value
+from chatfleet.core.metrics import SLO, load_value
 from chatfleet.report import human
 from chatfleet.report.human import DASH
 from chatfleet.report.load import Sweep, number
@@ -198,7 +198,7 @@ def slo_text(doc: Mapping[str, Any]) -> str:
     slo = doc.get("slo") or {}
     return (f"TTFT ≤ {fmt(slo.get('ttft_ms', 1000))} ms, per-token "
             f"({slo.get('itl_stat', 'mean')}) ≤ {fmt(slo.get('tpot_ms', 100))} ms, "
-            f"attainment ≥ {fmt(slo.get('attainment', 0.99), 2)}")
+            f"attainment ≥ {fmt(slo.get('attainment', SLO().attainment), 2)}")
 
 
 def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:

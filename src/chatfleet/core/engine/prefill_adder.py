@@ -15,30 +15,41 @@ and the batch the round builds (scheduler.py runs the round and prices the batch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from chatfleet.core.engine.kv_pool import KVPool
+from chatfleet.core.engine.radix import RadixCache
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.step_time import attention_pairs
-
-if TYPE_CHECKING:
-    from chatfleet.core.engine.scheduler import Scheduler
 
 CLIP_MAX_NEW_TOKENS = 4096
 
 
 class PrefillAdder:
-    def __init__(self, sched: Scheduler, now: float) -> None:
-        self.sched = sched
+    """`reserved`: what the running requests may still decode (times new_token_ratio);
+    `free_tokens()` and `ensure_free(tokens, now)`: the scheduler's view of the pool (free =
+    pool - tree - requests; ensure_free evicts from the tree to make room)."""
+
+    def __init__(self, tree: RadixCache, pool: KVPool, chunk_tokens: int,
+                 load_back_threshold: int, reserved: float, free_tokens: Callable[[], int],
+                 ensure_free: Callable[[int, float], None], now: float) -> None:
+        self.tree = tree
+        self.pool = pool
+        self.load_back_threshold = load_back_threshold
+        self.free_tokens = free_tokens
+        self.ensure_free = ensure_free
         self.now = now
-        self.rem_chunk = sched.cfg.chunked_prefill_size
-        self.reserved = sched.reserved_for_running()  # plus what this round admits
+        self.rem_chunk = chunk_tokens
+        self.reserved = reserved  # plus what this round admits
+        self.chunked: EngineRequest | None = None  # a prompt this round did not complete
+        self.num_input_tokens = 0  # prompts of the requests admitted for the first time
+        self.num_cached_tokens = 0  # ... and their cache hits
         self.batch: list[tuple[EngineRequest, int]] = []
         self.admitted: list[EngineRequest] = []  # from the waiting queue
         self.pairs = 0.0  # causal query-key pairs of the batch
         self.cached_read = 0  # cached tokens its chunks attend over
         self.logits = 0  # requests whose prompt completes in this batch
         self.load_back = 0  # host-tier tokens loaded back
-        self.new_cached = 0  # cache hits of requests seen for the first time
 
     def add_chunked(self, req: EngineRequest) -> bool:
         """The chunked request's next chunk. False: the round ends."""
@@ -47,23 +58,21 @@ class PrefillAdder:
     def add_one(self, req: EngineRequest) -> bool:
         """A waiting request, if its prompt and its reserved output fit. False: the round
         ends (it did not fit, or it was chunked)."""
-        s = self.sched
-        tree = s.tree
-        cfg = s.cfg
+        tree = self.tree
         now = self.now
         fill = req.fill
         m = tree.match_prefix(fill, now)
         prefix = min(m.device_len, len(fill) - 1)
-        loaded = m.host_len if m.host_len > cfg.load_back_threshold else 0
+        loaded = m.host_len if m.host_len > self.load_back_threshold else 0
         extend_all = len(fill) - prefix - loaded
         total = extend_all + min(req.max_new_tokens - req.gen_base, CLIP_MAX_NEW_TOKENS)
         tree.inc_lock_ref(m.node)  # lock first: see the module docstring
-        if total + loaded >= s.free_tokens() + tree.evictable_size() - self.reserved:
+        if total + loaded >= self.free_tokens() + tree.evictable_size() - self.reserved:
             tree.dec_lock_ref(m.node)
             return False
         if loaded:
             old_node = m.node  # locked above; load_back moves m.node deeper
-            s.ensure_free(loaded, now)
+            self.ensure_free(loaded, now)
             tree.load_back(m, now)
             m = tree.match_prefix(fill, now)
             tree.inc_lock_ref(m.node)
@@ -77,19 +86,17 @@ class PrefillAdder:
         if not req.seen_by_admission:
             req.num_cached_tokens = prefix
             req.seen_by_admission = True
-            s.num_prefill_input_tokens += len(fill)
-            s.num_prefill_cached_tokens += prefix
-            self.new_cached += prefix
+            self.num_input_tokens += len(fill)
+            self.num_cached_tokens += prefix
         self.admitted.append(req)
         return self._add(req, prefix)
 
     def _add(self, req: EngineRequest, prefix: int) -> bool:
         """Its next chunk joins the batch. False when it did not complete its prompt."""
-        s = self.sched
         fill_len = len(req.fill)
         extend = min(fill_len - prefix, self.rem_chunk)
-        s.ensure_free(extend, self.now)
-        s.pool.allocate(extend)
+        self.ensure_free(extend, self.now)
+        self.pool.allocate(extend)
         req.num_own_tokens = extend
         req.state = "prefilling"
         self.batch.append((req, extend))
@@ -100,5 +107,5 @@ class PrefillAdder:
             self.logits += 1
             self.reserved += min(req.max_new_tokens - req.gen_base, CLIP_MAX_NEW_TOKENS)
             return True
-        s.chunked = req  # the rest of its prompt goes first in the next batches
+        self.chunked = req  # the rest of its prompt goes first in the next batches
         return False

@@ -42,6 +42,7 @@ from chatfleet.core.engine.step import Step, StepResult
 from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.engine.steplog import NO_THERMAL, StepLog, ThermalFigures
 from chatfleet.core.engine.thermal import ThermalState
+from chatfleet.core.errors import ChatfleetError
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 
@@ -64,15 +65,15 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.pool_tokens <= 0:
-            raise ValueError("pool_tokens must be positive")
+            raise ChatfleetError("pool_tokens must be positive")
         if self.chunked_prefill_size <= 0:
-            raise ValueError("chunked_prefill_size must be positive")
+            raise ChatfleetError("chunked_prefill_size must be positive")
         if self.max_running_requests is not None and self.max_running_requests <= 0:
-            raise ValueError("max_running_requests must be positive")
+            raise ChatfleetError("max_running_requests must be positive")
         if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"unknown schedule policy {self.schedule_policy!r}")
+            raise ChatfleetError(f"unknown schedule policy {self.schedule_policy!r}")
         if self.host_pool_tokens < 0:
-            raise ValueError("host pool tokens must not be negative")
+            raise ChatfleetError("host pool tokens must not be negative")
 
     @property
     def max_running(self) -> int:
@@ -281,12 +282,15 @@ class Scheduler:
         waiting requests in queue order while they fit and fewer than max_running run."""
         if self.chunked is None and not self.waiting:
             return None
-        adder = PrefillAdder(self, now)
+        cfg = self.cfg
+        adder = PrefillAdder(self.tree, self.pool, cfg.chunked_prefill_size,
+                             cfg.load_back_threshold, self.reserved_for_running(),
+                             self.free_tokens, self.ensure_free, now)
         chunked = self.chunked
         candidates: Sequence[EngineRequest] = self._queue_order(now)
         if chunked is not None:
             candidates = [chunked, *candidates]
-        max_running = self.cfg.max_running
+        max_running = cfg.max_running
         for req in candidates:
             if req is not chunked and len(self.running) + len(adder.batch) >= max_running:
                 break
@@ -294,6 +298,10 @@ class Scheduler:
                 break
             if not (adder.add_chunked(req) if req is chunked else adder.add_one(req)):
                 break
+        if adder.chunked is not None:
+            self.chunked = adder.chunked  # the rest of its prompt goes first next time
+        self.num_prefill_input_tokens += adder.num_input_tokens
+        self.num_prefill_cached_tokens += adder.num_cached_tokens
         for req in adder.admitted:
             self.waiting.remove(req)
         batch = adder.batch
@@ -304,7 +312,7 @@ class Scheduler:
         duration = self.step_model.prefill_s(new_tokens, adder.pairs, adder.cached_read,
                                              adder.logits, adder.load_back, sm, mem)
         return Step("prefill", now, duration, batch=batch, num_prefill_tokens=new_tokens,
-                    num_cached_tokens=adder.new_cached, num_waiting=len(self.waiting))
+                    num_cached_tokens=adder.num_cached_tokens, num_waiting=len(self.waiting))
 
     def _schedule_decode(self, now: float, horizon: float | None = None) -> Step:
         retracted = self._retract_if_needed(now)
