@@ -276,3 +276,62 @@ def test_hot_scheduler_runs_prefill_slower() -> None:
 
     cool, hot = second_prefill(40.0), second_prefill(PROFILE.slowdown_c)
     assert hot > 1.5 * cool
+
+
+def reference_advance(state: ThermalState, dt: float, u: float, kind: str,
+                      share: float | None) -> tuple[float, ...]:
+    """The model's step written with the profile's own functions (power_w, excess_w,
+    hold_clock): what ThermalState.advance must give, to the last bit."""
+    import math
+
+    p = state.profile
+    busy = u > 0
+    sm = state._next_mhz if busy else p.loaded_mhz
+    power = p.power_w(u, kind, sm, share)
+    keep = math.exp(-dt / p.mix_tau_s)
+    excess_sum = keep * state._excess_sum + (1 - keep) * p.excess_w(u, kind, share)
+    weight_sum = keep * state._weight_sum + (1 - keep)
+    target = p.ambient_c + p.r_c_per_w * power
+    temp = target + (state.temp_c - target) * math.exp(-dt / p.tau_s)
+    holding = state.holding
+    if holding:
+        temp = min(temp, max(p.slowdown_c, target))
+    hold = p.hold_clock(excess_sum / weight_sum if weight_sum > 0 else 0.0)
+    if temp >= p.slowdown_c - 1e-9:
+        holding = True
+    if hold >= p.loaded_mhz:
+        holding = False
+    nxt = hold if holding else p.loaded_mhz
+    return (sm, power, temp, excess_sum, weight_sum, float(holding), nxt, p.loaded_mhz / nxt,
+            max(1.0, p.mem_bound_floor_mhz / nxt))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.001, 30.0), st.sampled_from([0.0, 0.5, 1.0]),
+                          st.sampled_from(["prefill", "decode", "mixed"]),
+                          st.floats(0.0, 1.0)), min_size=1, max_size=80),
+       st.floats(20.0, 110.0))
+def test_advance_is_the_profiles_arithmetic_to_the_bit(
+        steps: list[tuple[float, float, str, float]], temp: float) -> None:
+    state = ThermalState(PROFILE, temp_c=temp)
+    for dt, u, kind, share in steps:
+        want = reference_advance(state, dt, u, kind, share if kind == "mixed" else None)
+        state.advance(dt, u, kind, share if kind == "mixed" else None)
+        got = (state.sm_mhz, state.power_w, state.temp_c, state._excess_sum,
+               state._weight_sum, float(state.holding), state._next_mhz, state.sm_factor,
+               state.mem_factor)
+        assert got == want
+
+
+def test_a_copy_moves_on_its_own() -> None:
+    state = ThermalState(PROFILE)
+    run(state, 300, 1.0)
+    ahead = state.copy()
+    assert [getattr(ahead, k) for k in ThermalState.__slots__] == [
+        getattr(state, k) for k in ThermalState.__slots__]
+    before = state.temp_c
+    run(ahead, 600, 0.0)
+    assert state.temp_c == before and ahead.temp_c < before
+    run(state, 600, 0.0)
+    assert (state.temp_c, state.sm_mhz, state.sm_factor) == (
+        ahead.temp_c, ahead.sm_mhz, ahead.sm_factor)

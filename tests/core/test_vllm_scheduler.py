@@ -21,7 +21,8 @@ from tests.core.test_scheduler import CONSTANTS, DECODE, PREFILL, TOL, TOY
 from chatfleet.core.engine.mixed_step import MixedStepModel
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.step import Step, StepResult
-from chatfleet.core.engine.vllm_scheduler import VLLMConfig, VLLMScheduler
+from chatfleet.core.engine.vllm_config import VLLMConfig
+from chatfleet.core.engine.vllm_scheduler import VLLMScheduler
 from chatfleet.core.specs import get_gpu, precision
 
 OUT_BASE = 1_000_000
@@ -322,7 +323,7 @@ def test_max_num_seqs_keeps_the_third_request_waiting() -> None:
     assert chunks(results)[0] == [("a", 10), ("b", 10)]
     c_step = next(i for i, step in enumerate(chunks(results)) if ("c", 10) in step)
     assert c_step == 4  # a finished at the end of step 3 (prefill + 3 decodes)
-    assert max(row[2] for row in s.log) == 2
+    assert max(row.batch for row in s.log) == 2
 
 
 @pytest.mark.parametrize("reserve_full", [True, False])

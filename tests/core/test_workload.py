@@ -216,6 +216,17 @@ def test_segment_tokens_are_vocabulary_ids_distinct_per_segment() -> None:
     assert all(0 <= t < v for t in segment_tokens([(123456, 4000)]))
 
 
+
+@pytest.mark.parametrize("n", [1, 2048, (1 << 16), (1 << 16) + 7])
+def test_segment_tokens_follow_the_formula_at_any_length(n: int) -> None:
+    """(sid x 7919 + j x 104729) mod 151643, for segments within the precomputed positions
+    and beyond them, and again when the segment is seen a second time (memoised)."""
+    for sid in (1, 9_999_991):
+        want = [(sid * 7919 + j * 104729) % 151643 for j in range(n)]
+        assert list(segment_tokens([(sid, n)])) == want
+        assert list(segment_tokens([(sid, n), (sid, n)])) == want + want
+
+
 # ------------------------------------------------------------------------------------------
 # closed loop
 

@@ -15,6 +15,7 @@ from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.fleet.admission import AdmissionController, FleetRequest
 from chatfleet.core.fleet.routing import (
     MAX_SESSION_VALUE_BYTES,
+    ORDER_MEMO_ENTRIES,
     Router,
     conversation_fingerprint,
     is_returning,
@@ -190,6 +191,21 @@ def test_a_hot_home_spills_a_new_session_to_the_next_in_its_order() -> None:
     assert choice.rule == "spill" and choice.home == order[0]
     assert choice.replica == order[2]  # order[1] is hot too
     assert choice.recompute_s == 0.0
+
+
+def test_the_router_remembers_an_order_only_for_the_fleet_it_was_drawn_for() -> None:
+    router = Router(L4_BF16)
+    fleet = ["a", "b", "c", "d"]
+    assert router.rendezvous_order("s1", fleet) == rendezvous_order("s1", fleet)
+    home = rendezvous_top("s1", fleet)
+    rest = [r for r in fleet if r != home]
+    assert router.rendezvous_order("s1", rest) == rendezvous_order("s1", rest)
+    view = View(dict.fromkeys(rest, 2))
+    assert router.choose(session("s1"), view, 0.0).replica == rendezvous_top("s1", rest)
+    for i in range(ORDER_MEMO_ENTRIES + 10):  # bounded: the oldest keys are forgotten
+        router.rendezvous_order(f"k{i}", fleet)
+    assert len(router._orders) == ORDER_MEMO_ENTRIES
+    assert router.rendezvous_order("s1", fleet) == rendezvous_order("s1", fleet)
 
 
 def test_a_home_with_room_keeps_its_session() -> None:

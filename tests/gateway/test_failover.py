@@ -88,7 +88,7 @@ def test_requests_failed_before_the_first_byte_wait_for_room_never_502(
     assert any(name == "requeue" for _, name, *_ in calls.calls)
     again = [(d.request.request_id, d.outcome, d.replica)
              for d in replay(calls, {}, fleet_settings(cfg), step_time)]
-    assert again == [(rid, outcome, replica) for _, rid, outcome, replica, _ in log.rows]
+    assert again == [(row.request_id, row.outcome, row.replica) for row in log.rows]
 
 
 def test_a_replica_takes_no_request_before_its_first_successful_probe(

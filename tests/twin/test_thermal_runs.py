@@ -23,10 +23,12 @@ from chatfleet.core.calibration import (
 )
 from chatfleet.core.engine.build import EngineSpec, build_engine
 from chatfleet.core.engine.protocol import EngineModel
+from chatfleet.core.engine.step import StepKind
+from chatfleet.core.engine.steplog import StepLog, StepRow
 from chatfleet.core.engine.thermal import ThermalState, cooling_need
 from chatfleet.core.specs import get_gpu
 from chatfleet.core.workload import WorkloadConfig
-from chatfleet.twin.run import gpu_block, run_point, weighted_median, weighted_rows
+from chatfleet.twin.run import gpu_block, run_point, step_weights, weighted_median
 from tests.twin.conftest import closed, engine
 
 L4 = get_gpu("l4")
@@ -49,7 +51,8 @@ class PinnedClock(ThermalState):
         self.sm_factor = profile.loaded_mhz / mhz
         self.mem_factor = max(1.0, profile.mem_bound_floor_mhz / mhz)
 
-    def advance(self, dt: float, utilization: float, kind: str = "prefill") -> None:
+    def advance(self, dt: float, utilization: float, kind: str = "prefill",
+                prefill_share: float | None = None) -> None:
         self.slowdown = False
 
 
@@ -121,19 +124,19 @@ def test_the_fp8_knee_holds_its_clock_with_the_cooling_it_asks_for() -> None:
 
 
 def test_gpu_block_weights_steps_by_time_in_the_window() -> None:
-    # (end time, kind, ..., clock at 9, temp at 10, power at 11, slowdown at 12, step_s at 13)
-    def row(t: float, kind: str, mhz: float, slow: bool, d: float) -> tuple[object, ...]:
-        return (t, kind, 1, 0, 0, 0, 0, 0.0, 0.0, mhz, 80.0, 50.0, slow, d)
+    def row(t: float, kind: StepKind, mhz: float, slow: bool, d: float) -> StepRow:
+        return StepRow(t, kind, 1, 0, 0, 0, 0, 0.0, 0.0, mhz, 80.0, 50.0, slow, d)
 
     log = [row(1.0, "prefill", 1320.0, False, 1.0),  # before the window: left out
            row(13.0, "prefill", 500.0, True, 3.0),  # 10..13: fully inside
            row(14.0, "decode", 1320.0, False, 1.0),
            row(21.0, "decode", 400.0, True, 2.0)]  # 19..21: half inside
-    rows = weighted_rows(log, 10.0, 20.0)
-    assert [w for _, w in rows] == [3.0, 1.0, 1.0]
-    assert weighted_median(sorted((float(str(r[9])), w) for r, w in rows)) == 500.0
+    steps, weights = step_weights(StepLog(log), 10.0, 20.0)
+    assert steps.tolist() == [1, 2, 3] and weights.tolist() == [3.0, 1.0, 1.0]
+    assert weighted_median(sorted((log[i].sm_clock_mhz or 0.0, w)
+                                  for i, w in zip(steps, weights, strict=True))) == 500.0
     sched = build_engine(engine("bf16", thermal=True))
-    sched.log = log
+    sched.log = StepLog(log)
     gpu = gpu_block(engine("bf16", thermal=True), [sched], 10.0, 20.0)
     assert gpu["busy_share"] == pytest.approx(0.5)
     assert gpu["prefill_share"] == pytest.approx(0.6)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.engine.steplog import StepRow
+from chatfleet.core.engine.vllm_scheduler import VLLMScheduler
 from chatfleet.core.workload import WorkloadConfig
 from chatfleet.twin.loop import EventLoop
-from chatfleet.twin.run import run_point
+from chatfleet.twin.run import PointRun, run_point
 from tests.twin.conftest import MIXED, engine
 
 
@@ -22,6 +26,27 @@ def test_handlers_return_events_and_only_the_loop_moves_time() -> None:
     loop.push([loop.at(0.0, tick, "a"), loop.at(0.5, tick, "b")])
     loop.run()
     assert seen == [("a", 0.0), ("b", 0.5), ("a", 1.0), ("b", 1.5), ("a", 2.0), ("b", 2.5)]
+
+
+def test_the_collector_is_paused_while_the_loop_runs_and_restored_after() -> None:
+    loop = EventLoop()
+    seen: list[bool] = []
+
+    def probe(_: object, now: float) -> list:
+        seen.append(gc.isenabled())
+        return []
+
+    loop.push([loop.at(1.0, probe)])
+    assert gc.isenabled()
+    loop.run()
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        loop.push([loop.at(2.0, probe)])
+        loop.run()
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
 
 
 def test_an_event_in_the_past_is_refused() -> None:
@@ -53,6 +78,39 @@ def test_decode_runs_give_exactly_what_single_steps_give(monkeypatch: pytest.Mon
     for rid, r in a.items():
         assert list(r.token_times) == list(b[rid].token_times), rid
         assert r.cached_tokens == b[rid].cached_tokens
+
+
+@pytest.mark.parametrize("model", ["sglang", "vllm"])
+@pytest.mark.parametrize(("thermal", "drain_s"), [(False, 4.0), (True, 600.0), (True, 4.0)])
+def test_decode_runs_give_what_single_steps_give_with_the_thermal_model_and_a_short_drain(
+        monkeypatch: pytest.MonkeyPatch, model: str, thermal: bool, drain_s: float) -> None:
+    """With the thermal model on, a run steps a copy of the card's state along (each step at
+    the clock the one before left); a run never takes a step that ends after the loop's stop
+    time, which single steps would never complete. Records, the step log and the point are
+    those of single steps."""
+    spec = engine("bf16", engine_model=model, thermal=thermal)
+    wcfg = WorkloadConfig(lengths=MIXED)
+    load = {"mode": "closed", "concurrency": 24}
+
+    def point() -> tuple[PointRun, list[StepRow]]:
+        run = run_point(spec, wcfg, load, duration_s=240.0, warmup_s=10.0, drain_s=drain_s,
+                        seed=3)
+        return run, list(run.scheduler.log)
+
+    (fast, fast_log) = point()
+    cls = VLLMScheduler if model == "vllm" else Scheduler
+    original = cls.schedule
+    monkeypatch.setattr(cls, "schedule", lambda self, now, horizon=None: original(self, now))
+    (slow, slow_log) = point()
+    assert fast.num_events < slow.num_events
+    assert [r.token_times for r in fast.records] == [r.token_times for r in slow.records]
+    assert [r.outcome for r in fast.records] == [r.outcome for r in slow.records]
+    assert fast_log == slow_log
+    assert fast.point == slow.point
+    if thermal:
+        assert fast.point["gpu"]["thermal_slowdown_share"] > 0
+    if drain_s < 60:
+        assert any(r.outcome == "timeout" and r.token_times for r in fast.records)
 
 
 def test_same_seed_same_point_and_a_new_seed_changes_it() -> None:

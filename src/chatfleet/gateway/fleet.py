@@ -14,9 +14,10 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from chatfleet.core.engine.step_time import StepTimeModel
-from chatfleet.core.fleet.admission import Decision, DrainRate, FleetRequest
+from chatfleet.core.fleet.admission import Decision, DrainRate, FleetRequest, Outcome
 from chatfleet.core.fleet.fairshare import Demand
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
 from chatfleet.core.fleet.health import ReplicaHealth, Transition
@@ -46,16 +47,27 @@ class LiveReplica:
         return not self.removed and self.health.serving
 
 
+class DecisionRow(NamedTuple):
+    """One admission decision as the log keeps it."""
+
+    at: float
+    request_id: str
+    outcome: Outcome
+    replica: str | None
+    reason: str | None
+
+
 @dataclass(slots=True)
 class DecisionLog:
     """Every admission decision, in order (the parity test and `--decisions` read it)."""
 
-    rows: list[tuple[float, str, str, str | None, str | None]] = field(default_factory=list)
+    rows: list[DecisionRow] = field(default_factory=list)
     limit: int = 1_000_000
 
     def add(self, d: Decision) -> None:
         if len(self.rows) < self.limit:
-            self.rows.append((d.at, d.request.request_id, d.outcome, d.replica, d.reason))
+            self.rows.append(DecisionRow(d.at, d.request.request_id, d.outcome, d.replica,
+                                         d.reason))
 
 
 def fleet_settings(cfg: GatewayConfig) -> FleetSettings:

@@ -222,9 +222,9 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any
 
             res = asyncio.run(main())
     decided: dict[str, tuple[str, str | None]] = {}
-    for _, rid, outcome, replica, _ in log.rows:
-        if outcome != "queued":
-            decided[rid] = (outcome, replica)
+    for row in log.rows:
+        if row.outcome != "queued":
+            decided[row.request_id] = (row.outcome, row.replica)
     live: Outcomes = {}
     for rec in res.records:
         outcome, replica = decided.get(rec.request_id, (rec.outcome, None))
@@ -235,7 +235,7 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any
                                  mode=load["mode"], seed=seed, flushed=True)
     replayed = [(d.request.request_id, d.outcome, d.replica)
                 for d in replay(calls, {}, fleet_settings(cfg), step_time_model(spec))]
-    logged = [(rid, outcome, replica) for _, rid, outcome, replica, _ in log.rows]
+    logged = [(row.request_id, row.outcome, row.replica) for row in log.rows]
     same = sum(1 for a, b in zip(replayed, logged, strict=False) if a == b)
     replay_agreement = same / max(len(replayed), len(logged), 1)
     return FleetParity(twin, live, twin_point, live_point, max_in_flight_from_trace(trace), res,

@@ -83,9 +83,9 @@ class ReplicaMetrics:
         if step.kind == "decode":
             # read at decode steps, as SGLang's decode log: the batch, and the queue that
             # prefill-first could not admit
-            self.num_running.set(int(row[2]))  # type: ignore[call-overload]
-            self.num_queue.set(int(row[6]))  # type: ignore[call-overload]
-        self.token_usage.set(float(row[7]))  # type: ignore[arg-type]
+            self.num_running.set(row.batch)
+            self.num_queue.set(row.queue)
+        self.token_usage.set(row.token_usage)
         self.num_used_tokens.set(sched.num_used_tokens())
         if result.retracted:
             self.num_retractions.inc(len(result.retracted))

@@ -275,8 +275,9 @@ class Replica:
             row = self.sched.log[-1]
             self.trace.write({
                 "type": "step", "replica": self.name, "t": t, "kind": step.kind,
-                "batch": row[2], "prefill_tokens": row[3], "decode_tokens": row[4],
-                "running": row[5], "queue": row[6], "token_usage": round(float(row[7]), 5),  # type: ignore[arg-type]
+                "batch": row.batch, "prefill_tokens": row.prefill_tokens,
+                "decode_tokens": row.decode_tokens, "running": row.running, "queue": row.queue,
+                "token_usage": round(row.token_usage, 5),
                 "lag_ms": round((time.monotonic() - self.mono_at(t)) * 1000, 3),
             })
 

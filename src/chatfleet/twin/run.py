@@ -13,6 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from chatfleet import __version__
 from chatfleet.core.defaults import DURATION_S, SEED, TWIN_DRAIN_S, WARMUP_S
 from chatfleet.core.engine.build import (
@@ -23,6 +26,7 @@ from chatfleet.core.engine.build import (
 )
 from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.engine.steplog import KIND_CODES, StepLog
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
@@ -93,6 +97,7 @@ class _Run:
             return []  # a decode run that was cut short since
         res = self.scheds[i].complete(now)
         out: list[Event] = []
+        horizon = self.horizon
         for req in res.finished:
             spec = self.specs.pop(req.rid)
             del self.reqs[req.rid]
@@ -100,11 +105,16 @@ class _Run:
             nxt = self.driver.on_done(spec, now)
             if nxt is not None and nxt.scheduled_time < self.window_end:
                 out.append(self.loop.at(nxt.scheduled_time, self.arrive, nxt))
-        out.extend(self._kick(i, now))
+                horizon = min(horizon, nxt.scheduled_time)
+        out.extend(self._kick(i, now, horizon))
         return out
 
-    def _kick(self, i: int, now: float) -> list[Event]:
-        return kick(self.loop, self.scheds, self.step_gen, i, now, self.horizon, self.step_end)
+    def _kick(self, i: int, now: float, horizon: float | None = None) -> list[Event]:
+        """`horizon`: a known arrival before the loop's stop time. A decode run is cut at the
+        step running when a request arrives, so one that would be cut need not be planned
+        beyond it (any horizon gives the same steps; a nearer one, fewer events)."""
+        return kick(self.loop, self.scheds, self.step_gen, i, now,
+                    self.horizon if horizon is None else horizon, self.step_end)
 
     def _record(self, i: int, spec: RequestSpec, req: EngineRequest,
                 outcome: str) -> RequestRecord:
@@ -237,13 +247,13 @@ def engine_block(scheds: list[EngineModel], start: float, end: float) -> dict[st
     max_queue = 0
     peak_usage = 0.0
     for sched in scheds:
-        for row in sched.log:
-            t = float(row[0])  # type: ignore[arg-type]
-            if t < start or t > end or row[1] == "prefill":
-                continue
-            max_running = max(max_running, int(row[2]))  # type: ignore[call-overload]
-            max_queue = max(max_queue, int(row[6]))  # type: ignore[call-overload]
-            peak_usage = max(peak_usage, float(row[7]))  # type: ignore[arg-type]
+        log = sched.log
+        t = log.floats("time")
+        read = (t >= start) & (t <= end) & (log.ints("kind") != KIND_CODES["prefill"])
+        if read.any():
+            max_running = max(max_running, int(log.ints("batch")[read].max()))
+            max_queue = max(max_queue, int(log.ints("queue")[read].max()))
+            peak_usage = max(peak_usage, float(log.floats("token_usage")[read].max()))
     cached = sum(s.num_prefill_cached_tokens for s in scheds)
     prompt = sum(s.num_prefill_input_tokens for s in scheds)
     return {
@@ -266,25 +276,29 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
     `busy_share`, `prefill_share` (of the busy time) and the power the work draws at the
     loaded clock come from the steps, with the thermal model on or off (the power model of
     core/calibration.ThermalProfile). `slowdown_after_s`: the end of the first throttled step,
-    from the start of the run."""
+    from the start of the run. Sums run in step order (the replicas' logs one after another)."""
     profile = thermal_profile_of(spec)
-    log = [r for s in scheds for r in s.log]
-    busy = weighted_rows(log, start, end)
-    if not busy:
-        busy = weighted_rows(log, float("-inf"), float("inf"))
+    log = StepLog() if len(scheds) != 1 else scheds[0].log
+    if len(scheds) != 1:
+        for s in scheds:
+            log.extend(s.log)
+    idx, w = step_weights(log, start, end)
+    if not len(idx):
+        idx, w = step_weights(log, float("-inf"), float("inf"))
     span = max(end - start, 1e-9) * len(scheds)
-    by_kind = {"prefill": 0.0, "decode": 0.0}
-    for row, w in busy:
-        if row[1] == "mixed":  # vLLM: decodes and prefill chunks, split by their tokens
-            p_tok, d_tok = float(row[3]), float(row[4])  # type: ignore[arg-type]
-            share = p_tok / (p_tok + d_tok) if p_tok + d_tok else 0.0
-            by_kind["prefill"] += w * share
-            by_kind["decode"] += w * (1.0 - share)
-        else:
-            by_kind[str(row[1])] += w
+    kind = log.ints("kind")[idx]
+    p_tok = log.ints("prefill_tokens")[idx].astype(np.float64)
+    tokens = p_tok + log.ints("decode_tokens")[idx]
+    # vLLM's mixed steps: decodes and prefill chunks, split by their tokens
+    mixed = kind == KIND_CODES["mixed"]
+    share = np.divide(p_tok, tokens, out=np.zeros_like(p_tok), where=tokens != 0)
+    by_kind = {
+        "prefill": _added(np.where(mixed, w * share, w)[kind != KIND_CODES["decode"]]),
+        "decode": _added(np.where(mixed, w * (1.0 - share), w)[kind != KIND_CODES["prefill"]]),
+    }
     busy_s = sum(by_kind.values())
     loaded_w = profile.idle_w + sum(
-        w * (profile.phase_power_w(kind) - profile.idle_w) for kind, w in by_kind.items()) / span
+        secs * (profile.phase_power_w(k) - profile.idle_w) for k, secs in by_kind.items()) / span
     block: dict[str, Any] = {
         "busy_share": round(min(1.0, busy_s / span), 4),
         "prefill_share": round(by_kind["prefill"] / busy_s, 4) if busy_s else None,
@@ -296,17 +310,18 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
                 "thermal_slowdown_share": 0.0, **block,
                 "power_w": {"mean": round(loaded_w, 2), "at_loaded_clock": round(loaded_w, 2)},
                 "slowdown_after_s": None, "thermal_model": False}
-    clocks = sorted((float(r[9]), w) for r, w in busy)  # type: ignore[arg-type]
-    slow_s = sum(w for r, w in busy if r[12])
-    energy = 0.0
-    for r, w in busy:
-        energy += float(r[11]) * w  # type: ignore[arg-type]
+    sm = log.floats("sm_clock_mhz")[idx]
+    by_clock = np.lexsort((w, sm))  # by clock, then by weight: sorted() of (clock, w) pairs
+    clocks = list(zip(sm[by_clock].tolist(), w[by_clock].tolist(), strict=True))
+    slow = log.ints("thermal_slowdown") != 0
+    slow_s = sum(w[slow[idx]].tolist())
+    energy = _added(log.floats("power_w")[idx] * w)
     mean_w = (energy + profile.idle_w * max(0.0, span - busy_s)) / span
-    first_slow = min((float(r[0]) for r in log if r[12]), default=None)  # type: ignore[arg-type]
+    first_slow = float(log.floats("time")[slow].min()) if slow.any() else None
     return {
         "sm_clock_mhz": {"p50": round(weighted_median(clocks), 1),
                          "min": round(clocks[0][0], 1)},
-        "temp_c": {"max": round(max(float(r[10]) for r, _ in busy), 2)},  # type: ignore[arg-type]
+        "temp_c": {"max": round(float(log.floats("temp_c")[idx].max()), 2)},
         "thermal_slowdown_share": round(slow_s / busy_s, 4) if busy_s else 0.0,
         **block,
         "power_w": {"mean": round(mean_w, 2), "at_loaded_clock": round(loaded_w, 2)},
@@ -315,17 +330,22 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
     }
 
 
-def weighted_rows(log: list[tuple[object, ...]], start: float,
-                  end: float) -> list[tuple[tuple[object, ...], float]]:
-    """Each step row with the seconds of its step inside [start, end] (rows with none left
-    out)."""
-    out = []
-    for row in log:
-        t = float(row[0])  # type: ignore[arg-type]
-        w = min(t, end) - max(t - float(row[13]), start)  # type: ignore[arg-type]
-        if w > 0:
-            out.append((row, w))
-    return out
+def _added(values: npt.NDArray[np.float64]) -> float:
+    """The values added one after another, from 0.0 (numpy's sum adds pairwise)."""
+    total = 0.0
+    for v in values.tolist():
+        total += v
+    return total
+
+
+def step_weights(log: StepLog, start: float, end: float) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The steps with a part of their duration inside [start, end] (their indices in the
+    log, in order) and the seconds of that part."""
+    t = log.floats("time")
+    w = np.minimum(t, end) - np.maximum(t - log.floats("step_s"), start)
+    idx = np.flatnonzero(w > 0)
+    return idx, w[idx]
 
 
 def weighted_median(pairs: list[tuple[float, float]]) -> float:

@@ -71,9 +71,13 @@ def common_blocks(a: bytes, b: bytes, most: int, block_size: int = BLOCK_SIZE) -
     """How many leading full blocks two token byte strings share (at most `most`)."""
     width = block_size * TOKEN_BYTES
     lo, hi = 0, min(most, len(a) // width, len(b) // width)
-    while lo < hi:  # binary search on equal prefixes: each test is one memcmp
+    view = memoryview(b)  # a view's slice copies nothing; startswith is one memcmp
+    if a.startswith(view[:hi * width]):
+        return hi
+    hi -= 1
+    while lo < hi:  # binary search on equal prefixes
         mid = (lo + hi + 1) // 2
-        if a[:mid * width] == b[:mid * width]:
+        if a.startswith(view[:mid * width]):
             lo = mid
         else:
             hi = mid - 1
@@ -143,9 +147,14 @@ class BlockPool:
         empty = min(n, self.num_empty_free)
         self.num_empty_free -= empty
         evicted = n - empty
+        popitem = self.cached_free.popitem
+        by_key = self.by_key
         for _ in range(evicted):
-            block, _ = self.cached_free.popitem(last=False)
-            self._drop_key(block)
+            block, _ = popitem(last=False)
+            if self.dups or by_key[block.key] is not block:
+                self._drop_key(block)
+            else:  # the common case of _drop_key: the block the map names, no duplicates
+                del by_key[block.key]
         self.num_evicted_blocks += evicted
         return evicted
 

@@ -18,7 +18,8 @@ from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.scheduler import Scheduler, SchedulerConfig
 from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.engine.thermal import ThermalState
-from chatfleet.core.engine.vllm_scheduler import VLLMConfig, VLLMScheduler
+from chatfleet.core.engine.vllm_config import VLLMConfig
+from chatfleet.core.engine.vllm_scheduler import VLLMScheduler
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.memory import CALIBRATED_GPUS, PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
 from chatfleet.core.specs import GPU, Model, Precision

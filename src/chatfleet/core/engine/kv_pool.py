@@ -34,9 +34,9 @@ class KVPool:
         return self.slots(tokens) <= self.num_free_tokens(tree_tokens) + evictable_tokens
 
     def allocate(self, tokens: int) -> None:
-        self.num_request_tokens += self.slots(tokens)
+        self.num_request_tokens += tokens if self.page_size == 1 else self.slots(tokens)
 
     def free(self, tokens: int) -> None:
-        self.num_request_tokens -= self.slots(tokens)
+        self.num_request_tokens -= tokens if self.page_size == 1 else self.slots(tokens)
         if self.num_request_tokens < 0:
             raise RuntimeError("KV pool freed more slots than it allocated")

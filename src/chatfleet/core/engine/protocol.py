@@ -18,6 +18,7 @@ from typing import Protocol
 
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.step import Step, StepResult
+from chatfleet.core.engine.steplog import StepLog
 from chatfleet.core.engine.thermal import ThermalState
 
 
@@ -31,7 +32,7 @@ class EngineModel(Protocol):
     engine_name: str  # "sglang" or "vllm"
     thermal: ThermalState | None
     in_flight: Step | None
-    log: list[tuple[object, ...]]  # one row per step, step.LOG_FIELDS
+    log: StepLog  # one entry per step (a decode run leaves one per step it ran)
     num_prefill_input_tokens: int  # prompt tokens at first admission, since the start
     num_prefill_cached_tokens: int  # of those, found in the prefix cache
     num_retractions: int  # SGLang retractions, vLLM preemptions

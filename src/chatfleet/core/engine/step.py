@@ -1,6 +1,6 @@
-"""What one engine step is, what it produced, and the log row it leaves: shared by the engine
-models (SGLang's prefill-first scheduler and vLLM's token-budget scheduler) and the shells that
-drive them."""
+"""What one engine step is and what it produced (the log it leaves: steplog.py): shared by the
+engine models (SGLang's prefill-first scheduler and vLLM's token-budget scheduler) and the
+shells that drive them."""
 
 from __future__ import annotations
 
@@ -41,9 +41,3 @@ class StepResult:
     first_tokens: list[EngineRequest] = field(default_factory=list)  # a prefill sampled a token
     finished: list[EngineRequest] = field(default_factory=list)
     retracted: list[EngineRequest] = field(default_factory=list)  # SGLang retracted, vLLM preempted
-
-
-# One log row per step, as the engines log them (SGLang per batch, vLLM per engine step).
-LOG_FIELDS = ("time", "kind", "batch", "prefill_tokens", "decode_tokens", "running", "queue",
-              "token_usage", "cache_hit_rate", "sm_clock_mhz", "temp_c", "power_w",
-              "thermal_slowdown", "step_s")

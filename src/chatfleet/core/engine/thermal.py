@@ -30,6 +30,10 @@ PHASES = ("prefill", "decode", "mixed")
 
 
 class ThermalState:
+    __slots__ = ("_excess_sum", "_hold_w", "_next_mhz", "_phase_w", "_weight_sum", "holding",
+                 "mem_factor", "power_w", "profile", "slowdown", "sm_factor", "sm_mhz",
+                 "temp_c")
+
     def __init__(self, profile: ThermalProfile, temp_c: float | None = None) -> None:
         self.profile = profile
         p = profile
@@ -43,6 +47,19 @@ class ThermalState:
         self._next_mhz = p.loaded_mhz  # what the next work runs at
         self.sm_factor = 1.0
         self.mem_factor = 1.0
+        # the profile is frozen: what `advance` asks of it for every interval
+        self._phase_w = {k: p.phase_power_w(k) for k in ("prefill", "decode")}
+        self._hold_w = p.hold_w()
+
+    def copy(self) -> ThermalState:
+        """An independent state, equal to this one (a decode run looks ahead with it)."""
+        cls = type(self)
+        twin = cls.__new__(cls)
+        for name in ThermalState.__slots__:
+            setattr(twin, name, getattr(self, name))
+        if hasattr(self, "__dict__"):  # a subclass's own attributes
+            twin.__dict__.update(self.__dict__)
+        return twin
 
     @property
     def recent_excess_w(self) -> float:
@@ -52,32 +69,47 @@ class ThermalState:
     def advance(self, dt: float, utilization: float, kind: str = "prefill",
                 prefill_share: float | None = None) -> None:
         """Move `dt` seconds at busy share `utilization` (0..1) of `kind` work (a `mixed`
-        step gives the share of its tokens that are prefill)."""
+        step gives the share of its tokens that are prefill). The arithmetic is the profile's
+        (power_w, excess_w, hold_clock) written out: this runs once per engine step."""
         if dt <= 0:
             return
-        if kind not in PHASES:
-            raise ValueError(f"unknown step kind {kind!r}")
         p = self.profile
+        phase = self._phase_w.get(kind)
+        if phase is None:
+            if kind not in PHASES:
+                raise ValueError(f"unknown step kind {kind!r}")
+            phase = p.phase_power_w(kind, prefill_share)
+        idle = p.idle_w
+        loaded = p.loaded_mhz
         busy = utilization > 0
-        self.sm_mhz = self._next_mhz if busy else p.loaded_mhz
-        self.slowdown = busy and self.sm_mhz < p.loaded_mhz
-        self.power_w = p.power_w(utilization, kind, self.sm_mhz, prefill_share)
+        sm = self._next_mhz if busy else loaded
+        self.sm_mhz = sm
+        self.slowdown = busy and sm < loaded
+        power = idle + utilization * (phase - idle) * (sm / loaded)  # p.power_w
+        self.power_w = power
         keep = math.exp(-dt / p.mix_tau_s)
-        self._excess_sum = keep * self._excess_sum + (1 - keep) * p.excess_w(utilization, kind,
-                                                                       prefill_share)
-        self._weight_sum = keep * self._weight_sum + (1 - keep)
-        target = p.ambient_c + p.r_c_per_w * self.power_w
-        self.temp_c = target + (self.temp_c - target) * math.exp(-dt / p.tau_s)
+        excess_sum = keep * self._excess_sum + (1 - keep) * (utilization * (phase - idle))
+        weight_sum = keep * self._weight_sum + (1 - keep)
+        self._excess_sum = excess_sum
+        self._weight_sum = weight_sum
+        target = p.ambient_c + p.r_c_per_w * power
+        temp = target + (self.temp_c - target) * math.exp(-dt / p.tau_s)
         if self.holding:
-            self.temp_c = min(self.temp_c, max(p.slowdown_c, target))
-        hold_mhz = p.hold_clock(self.recent_excess_w)
-        if self.temp_c >= p.slowdown_c - 1e-9:
+            temp = min(temp, max(p.slowdown_c, target))
+        self.temp_c = temp
+        recent = excess_sum / weight_sum if weight_sum > 0 else 0.0
+        if recent <= 0:  # p.hold_clock(recent)
+            hold_mhz = loaded
+        else:
+            hold_mhz = min(loaded, max(p.min_mhz, loaded * (self._hold_w - idle) / recent))
+        if temp >= p.slowdown_c - 1e-9:
             self.holding = True
-        if hold_mhz >= p.loaded_mhz:
+        if hold_mhz >= loaded:
             self.holding = False  # the recent work draws no more than the cooling sheds
-        self._next_mhz = hold_mhz if self.holding else p.loaded_mhz
-        self.sm_factor = p.loaded_mhz / self._next_mhz
-        self.mem_factor = max(1.0, p.mem_bound_floor_mhz / self._next_mhz)
+        nxt = hold_mhz if self.holding else loaded
+        self._next_mhz = nxt
+        self.sm_factor = loaded / nxt
+        self.mem_factor = max(1.0, p.mem_bound_floor_mhz / nxt)
 
     def snapshot(self) -> dict[str, float | bool]:
         return {"sm_clock_mhz": round(self.sm_mhz, 1), "temp_c": round(self.temp_c, 2),

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -188,6 +189,9 @@ class _Waiting:
         return (self.klass, 0 if self.avoid is not None else 1, self.seq)
 
 
+_DEADLINE = operator.attrgetter("deadline")
+
+
 class AdmissionController:
     """Caps per replica, one queue, deadlines, shedding. See the module docstring."""
 
@@ -290,7 +294,7 @@ class AdmissionController:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline in the queue: when a shell should call `expire` next."""
-        return min((w.deadline for w in self._queue), default=None)
+        return min(map(_DEADLINE, self._queue), default=None)
 
     # --- changes ------------------------------------------------------------------------------
     def offer(self, request: FleetRequest, now: float) -> list[Decision]:
@@ -505,6 +509,8 @@ class AdmissionController:
     def _shed_hopeless(self, now: float) -> list[Decision]:
         """Shed every queued request past its deadline, or left with no replica it may go to
         (the fleet is empty, or holds only the replica a requeued request failed on)."""
+        if len(self._caps) > 1 and (not self._queue or now <= min(map(_DEADLINE, self._queue))):
+            return []  # nothing is late, and every request has a replica it may go to
         out: list[Decision] = []
         kept: list[_Waiting] = []
         for waiting in self._queue:

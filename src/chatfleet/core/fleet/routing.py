@@ -143,6 +143,9 @@ class RouteChoice:
     recompute_s: float | None = None
 
 
+ORDER_MEMO_ENTRIES = 4096
+
+
 class Router:
     """Session affinity with a load bound and a recompute-aware spill (module docstring)."""
 
@@ -153,6 +156,20 @@ class Router:
         self.step_time = step_time
         self.sessions = sessions if sessions is not None else SessionTable()
         self.shared_prefix_tokens = shared_prefix_tokens
+        # session key -> (the replicas, their rendezvous order): a queued request is routed
+        # again at every dispatch, and the order changes only with the fleet
+        self._orders: dict[str, tuple[list[str], list[str]]] = {}
+
+    def rendezvous_order(self, key: str, replicas: list[str]) -> list[str]:
+        """rendezvous_order(key, replicas), remembered for the last ORDER_MEMO_ENTRIES keys."""
+        seen = self._orders.get(key)
+        if seen is not None and seen[0] == replicas:
+            return seen[1]
+        order = rendezvous_order(key, replicas)
+        if len(self._orders) >= ORDER_MEMO_ENTRIES:
+            del self._orders[next(iter(self._orders))]  # the oldest
+        self._orders[key] = (list(replicas), order)
+        return order
 
     def route(self, request: FleetRequest, view: FleetView, now: float) -> str | None:
         """The Route for AdmissionController: a pure query, it changes nothing."""
@@ -168,7 +185,7 @@ class Router:
         home = self.home(key, replicas, now)
         if view.can_admit(home):
             return RouteChoice(home, "home", home)
-        spill = next((r for r in rendezvous_order(key, replicas)
+        spill = next((r for r in self.rendezvous_order(key, replicas)
                       if r != home and view.can_admit(r)), None)
         if spill is None:
             return RouteChoice(home, "all_full", home)
@@ -184,7 +201,7 @@ class Router:
         entry = self.sessions.get(key, now)
         if entry is not None and entry.replica in replicas:
             return entry.replica
-        return rendezvous_order(key, replicas)[0]
+        return self.rendezvous_order(key, replicas)[0]
 
     def prefix_tokens(self, request: FleetRequest, now: float) -> int:
         """Tokens of history the home replica holds: the last turn's prompt tokens, else its
