@@ -14,6 +14,7 @@ import argparse
 import statistics
 import time
 
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
@@ -25,7 +26,7 @@ WARMUP_S = 30.0
 
 def timed(spec: EngineSpec, wcfg: WorkloadConfig, users: int, replicas: int = 1) -> float:
     t = time.perf_counter()
-    run_point(spec, wcfg, {"mode": "closed", "concurrency": users},
+    run_point(spec, wcfg, ClosedLoad(users),
               duration_s=VIRTUAL_S - WARMUP_S, warmup_s=WARMUP_S, replicas=replicas)
     return time.perf_counter() - t
 

@@ -22,10 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, Literal
@@ -35,6 +34,15 @@ import aiohttp
 import orjson
 
 from chatfleet.bench.client import Clock
+from chatfleet.core.documents.sweep import (
+    ClockStats,
+    Cooldown,
+    GpuBlock,
+    SampledGpu,
+    SampledPower,
+    TempStats,
+)
+from chatfleet.core.measure.percentiles import percentiles, time_weighted_percentile
 from chatfleet.engines.prom import Metrics, parse_prometheus
 
 SourceKind = Literal["nvml", "dcgm", "simserver", "agent", "none"]
@@ -454,11 +462,14 @@ def make_source(spec: str | TelemetrySpec | TelemetrySource,
 # --- the sampler -------------------------------------------------------------------------------
 
 def _p50(values: Sequence[float]) -> float | None:
-    return float(statistics.median(values)) if values else None
+    """The median of samples taken at a fixed interval: each stands for the same time, so
+    this is the time-weighted median the twin reports for the same field."""
+    p50 = time_weighted_percentile(values, None, 50.0)
+    return None if p50 is None else float(p50)
 
 
 def gpu_summary(samples: Sequence[TelemetrySample], start: float | None = None,
-                end: float | None = None, *, scale: float = 1.0) -> dict[str, Any]:
+                end: float | None = None, *, scale: float = 1.0) -> GpuBlock:
     """The gpu block of a sweep point over samples with start <= t <= end: median and lowest
     SM clock, highest temperature, the share of samples in thermal slowdown (of those whose
     reasons are known), and how often each clock-event reason was seen. None where no sample
@@ -473,30 +484,18 @@ def gpu_summary(samples: Sequence[TelemetrySample], start: float | None = None,
     for s in sel:
         for r in s.reading.reasons:
             reasons[r] = reasons.get(r, 0) + 1
-    wall_p50 = _p50(gaps)
-    return {
-        "sm_clock_mhz": {"p50": _p50(clocks), "min": min(clocks) if clocks else None},
-        "temp_c": {"max": max(temps) if temps else None},
-        "power_w": {"p50": _p50(powers), "max": max(powers) if powers else None},
-        "thermal_slowdown_share": (sum(1 for k in known if k) / len(known)) if known else None,
-        "samples": len(sel),
-        # model milliseconds, like every reported time; the wall interval beside it
-        "interval_ms_p50": round(wall_p50 * scale, 3) if wall_p50 is not None else None,
-        "interval_wall_ms_p50": round(wall_p50, 3) if wall_p50 is not None else None,
-        "reasons_share": {k: round(v / len(sel), 4) for k, v in sorted(reasons.items())},
-    }
-
-
-def below_clock_floor(gpu: Mapping[str, Any], floor_mhz: float | None) -> str | None:
-    """The invalid reason when the median SM clock was under the floor, else None."""
-    if floor_mhz is None:
-        return None
-    p50 = (gpu.get("sm_clock_mhz") or {}).get("p50")
-    if p50 is None:
-        return None
-    if p50 < floor_mhz:
-        return f"under the clock floor: median SM clock {p50:.0f} MHz < {floor_mhz:g} MHz"
-    return None
+    wall_p50 = percentiles(gaps, (50.0,))["p50"] if gaps else None
+    return GpuBlock(
+        sm_clock_mhz=ClockStats(p50=_p50(clocks), min=min(clocks) if clocks else None),
+        temp_c=TempStats(max=max(temps) if temps else None),
+        thermal_slowdown_share=(sum(1 for k in known if k) / len(known)) if known else None,
+        sampled=SampledGpu(
+            power_w=SampledPower(p50=_p50(powers), max=max(powers) if powers else None),
+            samples=len(sel),
+            # model milliseconds, like every reported time; the wall interval beside it
+            interval_ms_p50=round(wall_p50 * scale, 3) if wall_p50 is not None else None,
+            interval_wall_ms_p50=round(wall_p50, 3) if wall_p50 is not None else None,
+            reasons_share={k: round(v / len(sel), 4) for k, v in sorted(reasons.items())}))
 
 
 class TelemetrySampler:
@@ -601,41 +600,39 @@ class TelemetrySampler:
                 next_at = now
             await asyncio.sleep(next_at - now)
 
-    def summary(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
+    def summary(self, start: float | None = None, end: float | None = None) -> GpuBlock:
         """The contract's gpu block over start <= t <= end (model time), with the source,
         the failed reads and the samples dropped."""
         out = gpu_summary(self.samples, start, end, scale=self.clock.scale)
-        out["source"] = self.source.label
-        out["failures"] = self.failures
-        if self.dropped:
-            out["dropped"] = self.dropped
-        if self.last_error is not None:
-            out["last_error"] = self.last_error
-        if not self.active:
-            out["note"] = "no telemetry source"
-        return out
+        assert out.sampled is not None
+        return replace(out, sampled=replace(
+            out.sampled, source=self.source.label, failures=self.failures,
+            dropped=self.dropped or None, last_error=self.last_error,
+            note=None if self.active else "no telemetry source"))
 
 
 # --- cool-down ---------------------------------------------------------------------------------
 
 async def cool_down(source: str | TelemetrySpec | TelemetrySource, below_c: float,
                     max_wait_s: float, poll_s: float = 1.0, *,
-                    target: str | None = None) -> dict[str, Any]:
-    """Wait until the GPU is under `below_c`, at most `max_wait_s` (wall seconds). Returns
-    {"waited_s", "start_temp_c", "end_temp_c", "timed_out"} (and "note" when the source
-    reports no temperature, which returns at once). Failed reads are retried until the bound."""
+                    target: str | None = None) -> Cooldown:
+    """Wait until the GPU is under `below_c`, at most `max_wait_s` (wall seconds): how long it
+    waited, the start and end temperatures, whether it timed out (and a note when the source
+    reports no temperature, which returns at once). Failed reads are retried until the
+    bound."""
     if max_wait_s < 0 or poll_s <= 0:
         raise ValueError("max_wait_s must be 0 or more and poll_s positive")
     src = make_source(source, target)
-    out: dict[str, Any] = {"waited_s": 0.0, "start_temp_c": None, "end_temp_c": None,
-                           "timed_out": False, "below_c": below_c, "source": src.label}
+    result = Cooldown(below_c=below_c, source=src.label)
+    no_temp = "the source reports no temperature: no cool-down"
     if isinstance(src, NoneSource) or not src.has_temperature:
-        out["note"] = "the source reports no temperature: no cool-down"
-        return out
+        return replace(result, note=no_temp)
     t0 = time.monotonic()
     end = t0 + max_wait_s
     failures = 0
     last_error: str | None = None
+    start_temp: float | None = None
+    timed_out = False
 
     async def temp() -> float | None:
         nonlocal failures, last_error
@@ -651,27 +648,23 @@ async def cool_down(source: str | TelemetrySpec | TelemetrySource, below_c: floa
 
     try:
         current = await temp()
-        out["start_temp_c"] = current
+        start_temp = current
         if current is None and failures == 0:
-            out["note"] = "the source reports no temperature: no cool-down"
-            return out
+            return replace(result, note=no_temp)
         while current is None or current >= below_c:
             remaining = end - time.monotonic()
             if remaining <= 0:
-                out["timed_out"] = True
+                timed_out = True
                 break
             await asyncio.sleep(min(poll_s, remaining))
             t = await temp()
             if t is not None:
                 current = t
-                if out["start_temp_c"] is None:
-                    out["start_temp_c"] = t
-        out["end_temp_c"] = current
+                if start_temp is None:
+                    start_temp = t
     finally:
         if src is not source:
             await src.aclose()
-    out["waited_s"] = round(time.monotonic() - t0, 3)
-    if failures:
-        out["failures"] = failures
-        out["last_error"] = last_error
-    return out
+    return replace(result, waited_s=round(time.monotonic() - t0, 3), start_temp_c=start_temp,
+                   end_temp_c=current, timed_out=timed_out, failures=failures or None,
+                   last_error=last_error if failures else None)

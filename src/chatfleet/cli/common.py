@@ -114,5 +114,5 @@ def write_json_atomic(path: Path, doc: Any) -> None:
 
 
 def print_json(doc: Any) -> None:
-    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2
-                                  | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+                                  | orjson.OPT_PASSTHROUGH_DATACLASS).decode() + "\n")

@@ -4,7 +4,6 @@ precision, the caps, the fleet, doubled traffic, launch commands, the gateway co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 import yaml
@@ -23,8 +22,9 @@ from chatfleet.cli.common import (
     write_json_atomic,
 )
 from chatfleet.cli.twin import fmt
+from chatfleet.core.documents.plan import Doubling, Plan
+from chatfleet.core.measure.slo import SLO
 from chatfleet.core.memory import PoolPlan, plan_pool
-from chatfleet.core.metrics import SLO
 
 
 def plan(
@@ -117,12 +117,12 @@ def plan(
         with progress_bars() as progress:
             doc = make_plan(req, progress)
         if out_path is not None:
-            write_json_atomic(out_path, doc)
-        if gateway_config_out is not None and doc.get("gateway_config"):
+            write_json_atomic(out_path, doc.to_json())
+        if gateway_config_out is not None and doc.gateway_config:
             gateway_config_out.parent.mkdir(parents=True, exist_ok=True)
             gateway_config_out.write_text(gateway_yaml(doc), encoding="utf-8")
     if as_json:
-        print_json(doc)
+        print_json(doc.to_json())
         return
     print_answer(doc)
     for path in (out_path, gateway_config_out):
@@ -130,66 +130,68 @@ def plan(
             out.print(f"wrote {path}")
 
 
-def gateway_yaml(doc: dict[str, Any]) -> str:
-    head = (f"# chatfleet gateway config from `chatfleet plan` ({doc['gpu']}, {doc['model']}, "
-            f"{doc['recommendation']['precision']}): docs/gateway.md\n")
-    return head + str(yaml.safe_dump(doc["gateway_config"], sort_keys=False))
+def gateway_yaml(doc: Plan) -> str:
+    assert doc.recommendation is not None and doc.gateway_config is not None
+    head = (f"# chatfleet gateway config from `chatfleet plan` ({doc.pool.gpu}, "
+            f"{doc.pool.model}, {doc.recommendation.precision}): docs/gateway.md\n")
+    return head + str(yaml.safe_dump(dict(doc.gateway_config), sort_keys=False))
 
 
-def print_answer(doc: dict[str, Any]) -> None:
-    rec = doc.get("recommendation")
-    cal = "" if doc["calibrated"] else " (uncalibrated)"
-    t = Table(title=f"users per card at the knee: {doc['model']} on {doc['gpu']}{cal}, "
-              f"{doc['target_users']} users, SLO TTFT <= {doc['slo']['ttft_ms']:.0f} ms, "
-              f"TPOT <= {doc['slo']['tpot_ms']:.0f} ms for {doc['slo']['attainment']:.0%}")
+def print_answer(doc: Plan) -> None:
+    rec = doc.recommendation
+    calibrated = doc.pool.calibrated
+    cal = "" if calibrated else " (uncalibrated)"
+    t = Table(title=f"users per card at the knee: {doc.pool.model} on {doc.pool.gpu}{cal}, "
+              f"{doc.target_users} users, SLO TTFT <= {doc.slo.ttft_ms:.0f} ms, "
+              f"TPOT <= {doc.slo.tpot_ms:.0f} ms for {doc.slo.attainment:.0%}")
     for col in ("precision", "KV pool", "users/card", "gateway cap", "goodput/s", "rate/replica",
                 "replicas", "cards", "accuracy", "from"):
         t.add_column(col, justify="right")
-    for name, p in doc["by_precision"].items():
-        src = p["source"]
-        where = (f"{src['sweep']} point {src['point']}" if src["point"] is not None
-                 else f"{src['sweep']}: no load meets")
-        t.add_row(name, f"{p['pool']['kv_pool_tokens']:,}", fmt(p["users_per_card"], "d"),
-                  fmt(p["gateway_cap"], "d"), fmt(p["goodput_rps"], ".2f"),
-                  fmt(p["rate_rps_per_replica"], ".2f"), fmt(p.get("replicas"), "d"),
-                  fmt(p.get("cards"), "d"),
-                  ("ok" if p["accuracy"]["allowed"] else "outside margin")
-                  + ("" if p["accuracy"]["checked"] else " (not checked)"), where)
+    for name, p in doc.by_precision.items():
+        f, src = p.figures, p.figures.source
+        where = (f"{src.sweep} point {src.point}" if src.point is not None
+                 else f"{src.sweep}: no load meets")
+        t.add_row(name, f"{p.pool.kv_pool_tokens:,}", fmt(f.users_per_card, "d"),
+                  fmt(f.gateway_cap, "d"), fmt(f.goodput_rps, ".2f"), fmt(f.rate_rps, ".2f"),
+                  fmt(p.replicas, "d"), fmt(p.cards, "d"),
+                  ("ok" if p.accuracy.allowed else "outside margin")
+                  + ("" if p.accuracy.checked else " (not checked)"), where)
     out.print(t)
-    if not doc["calibrated"]:
-        out.print(f"[yellow]{uncalibrated_note(doc['gpu'])}[/]", highlight=False)
+    if not calibrated:
+        out.print(f"[yellow]{uncalibrated_note(doc.pool.gpu)}[/]", highlight=False)
     if rec is None:
-        out.print(f"[bold]no recommendation:[/] {doc['why_none']}")
+        out.print(f"[bold]no recommendation:[/] {doc.why_none}")
         return
-    out.print(f"[bold]recommended:[/] {rec['precision']}, {rec['users_per_card']} users per "
-              f"card, gateway cap {rec['gateway_cap']} per replica (engine guard "
-              f"--max-running-requests {rec['engine_guard']}), {rec['replicas']} replicas on "
-              f"{rec['cards']} cards for {doc['target_users']} users with "
-              f"{rec['headroom']:.0%} headroom. Why: {rec['why']}")
-    d = doc["doubling"]
-    t = Table(title=f"traffic doubled for {d['hours']:g} h ({d['users']} -> {d['doubled_users']}"
-              f" users on {d['replicas']} replicas; simulated on a slice of "
-              f"{d['replicas_simulated']})")
+    out.print(f"[bold]recommended:[/] {rec.precision}, {rec.users_per_card} users per "
+              f"card, gateway cap {rec.gateway_cap} per replica (engine guard "
+              f"--max-running-requests {rec.engine_guard}), {rec.replicas} replicas on "
+              f"{rec.cards} cards for {doc.target_users} users with "
+              f"{rec.headroom:.0%} headroom. Why: {rec.why}")
+    d = doc.doubling
+    assert d is not None and doc.host_tier is not None and doc.launch is not None
+    t = Table(title=f"traffic doubled for {d.hours:g} h ({d.users} -> {d.doubled_users}"
+              f" users on {d.replicas} replicas; simulated on a slice of "
+              f"{d.replicas_simulated})")
     for col in ("traffic", "thermal model", "attempts", "shed", "admitted attain",
                 "TTFT p99 ms", "gateway queue max", "SM clock p50/min MHz", "max temp C",
                 "thermal slowdown"):
         t.add_column(col, justify="right")
-    for r in d["runs"]:
-        g = r["gpu"]
-        t.add_row(r["traffic"], "on" if r["thermal_model"] else "off",
-                  str(r["requests"]["offered"]), f"{r['shed_share']:.1%}",
-                  fmt(r["admitted_attainment"], ".3f"), fmt(r["ttft_ms"]["p99"], ".0f"),
-                  str(r["gateway_queue_max"]),
-                  f"{g['sm_clock_mhz']['p50']:.0f}/{g['sm_clock_mhz']['min']:.0f}",
-                  fmt(g["temp_c"]["max"], ".1f"), f"{g['thermal_slowdown_share']:.1%}")
+    for r in d.runs:
+        g = r.gpu
+        t.add_row(r.traffic, "on" if r.thermal_model else "off",
+                  str(r.requests.offered), f"{r.shed_share:.1%}",
+                  fmt(r.admitted_attainment, ".3f"), fmt(r.ttft_ms.p99, ".0f"),
+                  str(r.gateway_queue_max),
+                  f"{g.sm_clock_mhz.p50:.0f}/{g.sm_clock_mhz.min:.0f}",
+                  fmt(g.temp_c.max, ".1f"), f"{g.thermal_slowdown_share or 0.0:.1%}")
     out.print(t)
     for line in cooling_lines(d):
         out.print(line, highlight=False)
-    out.print(f"host tier: {'HiCache on' if doc['host_tier']['enable'] else 'off'}: "
-              f"{doc['host_tier']['why']}")
-    for engine, cmd in doc["launch"].items():
-        out.print(f"\n[bold]{engine}:[/] {cmd['shell']}", highlight=False, soft_wrap=True)
-        for note in cmd["notes"]:
+    out.print(f"host tier: {'HiCache on' if doc.host_tier.enable else 'off'}: "
+              f"{doc.host_tier.why}")
+    for engine, cmd in doc.launch.items():
+        out.print(f"\n[bold]{engine}:[/] {cmd.shell}", highlight=False, soft_wrap=True)
+        for note in cmd.notes:
             out.print(f"  note: {note}", highlight=False)
     out.print("\n[bold]gateway config:[/]")
     out.print(gateway_yaml(doc), highlight=False, soft_wrap=True)
@@ -198,45 +200,44 @@ def print_answer(doc: dict[str, Any]) -> None:
 COLDEST_INLET_C = 18.0  # the low end of ASHRAE's recommended data-centre inlet range
 
 
-def cooling_lines(doubling: dict[str, Any]) -> list[str]:
+def cooling_lines(doubling: Doubling) -> list[str]:
     """What the thermal-on runs say, in words a user can act on: whether the card holds its
     clock at each traffic level under the modelled cooling, and if not, what would."""
-    hot = [r for r in doubling["runs"] if r.get("cooling")]
+    hot = [(r, r.cooling) for r in doubling.runs if r.cooling is not None]
     if not hot:
         return []
-    prof = hot[0]["cooling"]["profile"]
-    hold = hot[0]["cooling"]["hold_w"]
+    prof = hot[0][1].profile
+    hold = hot[0][1].hold_w
     lines = [f"thermal: the modelled cooling is fitted to the L4 overload measurement "
-             f"(docs/calibration.md): {prof['inlet_c']:g} C inlet, {prof['r_c_per_w']:.2f} C/W, "
-             f"so it sheds {hold:.1f} W at the {prof['slowdown_c']:g} C slowdown point"]
-    for r in hot:
-        c = r["cooling"]
-        mix = (f"its load draws {c['loaded_power_w']:.1f} W at {prof['loaded_mhz']:.0f} MHz "
-               f"(busy {c['busy_share']:.0%}, {c['prefill_share'] or 0:.0%} of that prefill; "
-               f"decode alone {c['decode_power_w']:.1f} W)")
-        head = f"  {r['traffic']} ({r['users_simulated']} users on the slice): "
-        if c["held_clock"]:
+             f"(docs/calibration.md): {prof.inlet_c:g} C inlet, {prof.r_c_per_w:.2f} C/W, "
+             f"so it sheds {hold:.1f} W at the {prof.slowdown_c:g} C slowdown point"]
+    for r, c in hot:
+        mix = (f"its load draws {c.loaded_power_w:.1f} W at {prof.loaded_mhz:.0f} MHz "
+               f"(busy {c.busy_share:.0%}, {c.prefill_share or 0:.0%} of that prefill; "
+               f"decode alone {c.decode_power_w:.1f} W)")
+        head = f"  {r.traffic} ({r.users_simulated} users on the slice): "
+        if c.held_clock:
             lines.append(head + f"holds its clock: {mix}, settling at "
-                         f"{c['steady_temp_c']:.0f} C.")
+                         f"{c.steady_temp_c:.0f} C.")
             continue
-        after = c["slowdown_after_s"]
+        after = c.slowdown_after_s
         when = f"after {after / 60:.1f} min " if after is not None else ""
-        lines.append(head + f"throttles {when}to {c['settled_mhz']:.0f} MHz "
-                     f"({r['gpu']['thermal_slowdown_share']:.0%} of busy time in slowdown, "
-                     f"admitted attainment {fmt(r['admitted_attainment'], '.3f')}): {mix}.")
-        fixes = [f"cooling with at most {c['max_r_c_per_w']:.2f} C/W at a {prof['inlet_c']:g} C "
-                 f"inlet ({c['cooling_factor']:.1f}x better than modelled: more airflow "
+        lines.append(head + f"throttles {when}to {c.settled_mhz:.0f} MHz "
+                     f"({r.gpu.thermal_slowdown_share or 0.0:.0%} of busy time in slowdown, "
+                     f"admitted attainment {fmt(r.admitted_attainment, '.3f')}): {mix}.")
+        fixes = [f"cooling with at most {c.max_r_c_per_w:.2f} C/W at a {prof.inlet_c:g} C "
+                 f"inlet ({c.cooling_factor:.1f}x better than modelled: more airflow "
                  f"through the card)"]
-        if c["max_inlet_c"] >= COLDEST_INLET_C:
-            fixes.append(f"an inlet at or below {c['max_inlet_c']:.0f} C at the modelled cooling")
+        if c.max_inlet_c >= COLDEST_INLET_C:
+            fixes.append(f"an inlet at or below {c.max_inlet_c:.0f} C at the modelled cooling")
         else:
             fixes.append(f"no practical inlet does it at the modelled cooling (it would take "
-                         f"{c['max_inlet_c']:.0f} C)")
-        if c["decode_power_w"] <= hold:
+                         f"{c.max_inlet_c:.0f} C)")
+        if c.decode_power_w <= hold:
             fixes.append(f"a power limit of {hold:.0f} W (nvidia-smi -pl) keeps decode at full "
                          f"speed and slows only prefill")
-        if c["max_busy_share"] < c["busy_share"]:
-            fixes.append(f"or the card busy at most {c['max_busy_share']:.0%} of the time (a "
+        if c.max_busy_share < c.busy_share:
+            fixes.append(f"or the card busy at most {c.max_busy_share:.0%} of the time (a "
                          f"lower cap does not do it: these users send their next request at "
                          f"once; with real think time, --turns and --think-time, the card "
                          f"rests between turns)")

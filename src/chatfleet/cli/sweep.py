@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,12 @@ from chatfleet.cli.twin import (
     build_lengths,
     build_loads,
     knee_lines,
+    load_label,
     parse_group_draw,
     sweep_table,
 )
-from chatfleet.core.metrics import SLO
+from chatfleet.core.documents.sweep import SweepDoc, SweepPoint
+from chatfleet.core.measure.slo import SLO
 from chatfleet.core.workload import WorkloadConfig
 
 ENGINES = ("sglang", "vllm", "simserver", "openai")
@@ -133,29 +136,28 @@ def sweep(
                             MofNCompleteColumn(), TimeElapsedColumn(), console=console)
         task = progress.add_task(f"sweep {engine} ({len(loads)} runs)", total=len(loads))
 
-        def on_event(kind: str, info: dict[str, Any]) -> None:
+        def on_event(kind: str, info: Mapping[str, Any]) -> None:
             if kind == "run":
-                load = info["load"]
-                label = (f"{load['concurrency']} users" if load["mode"] == "closed"
-                         else f"{load['rate_rps']} rps")
-                progress.update(task, description=f"run {info['index']}: {label}, seed "
-                                f"{info['seed']}")
+                progress.update(task, description=f"run {info['index']}: "
+                                f"{load_label(info['load'])}, seed {info['seed']}")
             elif kind in ("point", "skip"):
                 progress.advance(task)
-                if kind == "point" and not info.get("valid", True):
-                    console.print(f"[yellow]run {info['run_index']} invalid:[/] "
-                                  f"{info['invalid_reason']}")
+                point: SweepPoint | None = info.get("point")
+                if point is not None and not point.valid:
+                    console.print(f"[yellow]run {point.run_index} invalid:[/] "
+                                  f"{point.invalid_reason}")
             elif kind == "refine":
                 progress.update(task, total=(progress.tasks[0].total or 0) + 1)
             elif kind == "refine_budget":
                 console.print(f"[yellow]refinement stopped:[/] its {info['budget_s']:g} s "
-                              f"budget is spent (next would have been {info['load']})")
+                              f"budget is spent (next would have been "
+                              f"{load_label(info['load'])})")
             elif kind == "cooldown":
                 progress.update(task, description=f"run {info['index']}: cooling down")
 
         sweep_run = LiveSweep(cfg, on_event)
 
-        async def main() -> dict[str, Any]:
+        async def main() -> SweepDoc:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGINT, request_stop, sweep_run)
             try:

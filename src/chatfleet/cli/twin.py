@@ -22,9 +22,17 @@ from chatfleet.cli.common import (
     write_json_atomic,
 )
 from chatfleet.core.calibration import Calibration
+from chatfleet.core.documents.sweep import (
+    ClosedLoad,
+    Load,
+    OpenLoad,
+    SweepDoc,
+    SweepPoint,
+    load_from_json,
+)
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.engine.radix import EVICTION_POLICIES
-from chatfleet.core.metrics import SLO
+from chatfleet.core.measure.slo import SLO
 from chatfleet.core.specs import precision
 from chatfleet.core.workload import GROUP_DRAWS, GroupDraw, LengthSpec, WorkloadConfig
 from chatfleet.twin.fleet import MEASURED_HOP_S
@@ -86,43 +94,44 @@ def parse_group_draw(text: str) -> GroupDraw:
     fail(f"unknown --group-draw {text!r}: {', '.join(GROUP_DRAWS)}")
 
 
-def build_loads(concurrency: str | None, rate: str | None,
-                arrival: str) -> list[dict[str, Any]]:
+def build_loads(concurrency: str | None, rate: str | None, arrival: str) -> list[Load]:
     """The load points of a sweep: closed-loop user counts, then open-loop rates."""
-    loads: list[dict[str, Any]] = [
-        {"mode": "closed", "concurrency": c}
-        for c in parse_list(concurrency, int, "--concurrency")
-    ] if concurrency else []
+    loads: list[Load] = [ClosedLoad(c) for c in parse_list(concurrency, int, "--concurrency")
+                         ] if concurrency else []
     if rate:
         b = parse_arrival(arrival)
-        loads += [{"mode": "open", "rate_rps": r, "arrival": arrival, "burstiness": b}
-                  for r in parse_list(rate, float, "--rate")]
+        loads += [OpenLoad(r, arrival, b) for r in parse_list(rate, float, "--rate")]
     if not loads:
         fail("nothing to run: give --concurrency or --rate")
     return loads
 
 
-def point_row(p: dict[str, Any]) -> list[str]:
-    load = p["load"]
-    label = (f"{load['concurrency']} users" if load["mode"] == "closed"
-             else f"{load['rate_rps']} rps")
-    thin = "*" if p.get("thin") else ""
-    if not p.get("valid", True):
+def load_label(load: Load) -> str:
+    """"16 users", "2.0 rps"."""
+    if isinstance(load, ClosedLoad):
+        return f"{load.concurrency} users"
+    return f"{load.rate_rps} rps"
+
+
+def point_row(p: SweepPoint) -> list[str]:
+    label = load_label(p.load)
+    thin = "*" if p.thin else ""
+    if not p.valid:
         label += " (invalid)"
-    e = p.get("engine") or {}
+    e = p.engine
     return [
         label,
-        f"{p['attainment']:.3f}{thin}",
-        fmt(p["goodput_rps"], ".2f"),
-        fmt(p["output_tok_s"], ".0f"),
-        fmt(p["ttft_ms"]["p50"], ".0f"),
-        fmt(p["ttft_ms"]["p99"], ".0f"),
-        fmt(p["tpot_ms"]["p50"], ".0f"),
-        fmt(p["tpot_ms"]["p99"], ".0f"),
-        fmt(p["itl_ms"]["p99"], ".0f"),
-        fmt(e.get("max_running"), "d"),
-        fmt(e.get("max_queue"), "d"),
-        fmt(e.get("peak_token_usage"), ".2f"),
+        f"{p.attainment:.3f}{thin}",
+        fmt(p.goodput_rps, ".2f"),
+        fmt(p.output_tok_s, ".0f"),
+        fmt(p.ttft_ms.p50, ".0f"),
+        fmt(p.ttft_ms.p99, ".0f"),
+        fmt(p.tpot_ms.p50, ".0f"),
+        fmt(p.tpot_ms.p99, ".0f"),
+        fmt(p.itl_ms.p99, ".0f"),
+        fmt(e.max_running, "d"),
+        fmt(e.max_queue, "d"),
+        fmt(e.peak_token_usage, ".2f"),
     ]
 
 
@@ -135,35 +144,35 @@ def fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def sweep_table(doc: dict[str, Any], title: str) -> Table:
+def sweep_table(doc: SweepDoc, title: str) -> Table:
     t = Table(title=title,
               caption="times in ms; * thin: fewer than 200 requests behind the percentiles")
-    gated = any("fleet" in p or p["requests"].get("shed") for p in doc["points"])
+    gated = any(p.fleet is not None or p.requests.shed for p in doc.points)
     cols = ["load", "attain", "goodput/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
             "TPOT p99", "ITL p99", "running", "queue", "usage"]
     if gated:  # a gateway in front: what it shed, and what the admitted users saw
         cols[2:2] = ["admitted attain", "shed"]
     for col in cols:
         t.add_column(col, justify="right")
-    for p in doc["points"]:
+    for p in doc.points:
         row = point_row(p)
         if gated:
-            row[2:2] = [fmt(p.get("admitted_attainment"), ".3f"), str(p["requests"]["shed"])]
+            row[2:2] = [fmt(p.admitted_attainment, ".3f"), str(p.requests.shed)]
         t.add_row(*row)
     return t
 
 
-def knee_lines(doc: dict[str, Any]) -> list[str]:
-    k, kr, peak = doc["knee"], doc["knee_rate"], doc["throughput_peak"]
+def knee_lines(doc: SweepDoc) -> list[str]:
+    k, kr, peak = doc.knee, doc.knee_rate, doc.throughput_peak
     lines = []
-    if any(p["load"]["mode"] == "closed" for p in doc["points"]):
-        lines.append(f"closed-loop knee: meets {k['meets']} users, fails {k['fails']} users; "
-                     f"recommended gateway cap: {doc['recommended_cap']}")
-        if peak and peak.get("load") is not None:
-            lines.append(f"throughput peak: {peak['output_tok_s']:.0f} output tok/s at "
-                         f"{peak['load']} users (never the limit)")
-    if any(p["load"]["mode"] == "open" for p in doc["points"]):
-        lines.append(f"open-loop knee: meets {kr['meets']} rps, fails {kr['fails']} rps")
+    if doc.has_mode("closed"):
+        lines.append(f"closed-loop knee: meets {k.meets} users, fails {k.fails} users; "
+                     f"recommended gateway cap: {doc.recommended_cap}")
+        if peak.load is not None:
+            lines.append(f"throughput peak: {peak.output_tok_s:.0f} output tok/s at "
+                         f"{peak.load} users (never the limit)")
+    if doc.has_mode("open"):
+        lines.append(f"open-loop knee: meets {kr.meets} rps, fails {kr.fails} rps")
     return lines
 
 
@@ -264,9 +273,7 @@ def calibrate_cmd(
                 "tok/s live", "tok/s twin"):
         t.add_column(col, justify="right")
     for row in prof["fit_error"]:
-        load = row["load"]
-        label = (f"{load['concurrency']} users" if load["mode"] == "closed"
-                 else f"{load['rate_rps']} rps")
+        label = load_label(load_from_json(row["load"]))
         t.add_row(label, "yes" if row["fitted_on"] else "",
                   f"{row['ttft_p50']['live']:.0f}", f"{row['ttft_p50']['twin']:.0f}",
                   f"{row['tpot_p50']['live']:.1f}", f"{row['tpot_p50']['twin']:.1f}",
@@ -386,16 +393,16 @@ def sweep(
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task(title, total=len(loads))
 
-            def on_point(partial: dict[str, Any]) -> None:
+            def on_point(partial: SweepDoc) -> None:
                 if json_out is not None:
-                    write_json_atomic(json_out, partial)
-                if len(partial["points"]) > len(loads):  # a refinement point
-                    bar.update(task, total=len(partial["points"]))
+                    write_json_atomic(json_out, partial.to_json())
+                if len(partial.points) > len(loads):  # a refinement point
+                    bar.update(task, total=len(partial.points))
                 bar.advance(task)
 
             doc = sweeper.run(loads, refine=refine, on_point=on_point)
     if print_doc:
-        print_json(doc)
+        print_json(doc.to_json())
         return
     out.print(sweep_table(doc, title))
     if not is_calibrated(spec):

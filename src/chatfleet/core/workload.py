@@ -15,11 +15,13 @@ import itertools
 import math
 import random
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
+
+from chatfleet.core.documents.sweep import ClosedLoad, Load
 
 LengthKind = Literal["fixed", "uniform", "sharegpt", "file"]
 RangeConvention = Literal["sglang", "vllm"]
@@ -406,12 +408,12 @@ class OpenLoop:
         return self.workload.next_turn(s, now + self.workload.think_time(s))
 
 
-def driver_for(load: Mapping[str, Any], workload: Workload,
+def driver_for(load: Load, workload: Workload,
                arrival_times: Sequence[float] | None = None) -> ClosedLoop | OpenLoop:
-    """The driver a load point names: {"mode": "closed", "concurrency": N} or {"mode": "open",
-    "rate_rps": R, "burstiness": B (default 1)}; `arrival_times` makes an open loop follow a
-    trace."""
-    if load["mode"] == "closed":
-        return ClosedLoop(workload, int(load["concurrency"]))
-    return OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)),
-                    arrival_times)
+    """The driver a load point names: a closed loop of `concurrency` users, or an open loop at
+    `rate_rps` (gamma with shape `burstiness` where it is set, else Poisson); `arrival_times`
+    makes an open loop follow a trace."""
+    if isinstance(load, ClosedLoad):
+        return ClosedLoop(workload, load.concurrency)
+    burstiness = 1.0 if load.burstiness is None else float(load.burstiness)
+    return OpenLoop(workload, float(load.rate_rps), burstiness, arrival_times)
