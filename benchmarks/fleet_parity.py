@@ -34,7 +34,7 @@ from chatfleet.core.documents.sweep import ClosedLoad, Load, OpenLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, OpenLoop, Workload, WorkloadConfig
-from chatfleet.parity import _key, run_fleet_parity
+from chatfleet.jobs.parity import _key, run_fleet_parity
 from chatfleet.twin.fleet import FleetConfig, run_fleet_point
 
 SPEC = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))

@@ -104,11 +104,11 @@ def describe(handle: asyncio.events.Handle) -> str:
 
 def workload(args: argparse.Namespace) -> WorkloadConfig:
     if args.length_file is not None:
-        from chatfleet.datasets import load_length_file
+        from chatfleet.data.lengths import load_length_file
 
         lengths = LengthSpec("file", pairs=tuple(load_length_file(args.length_file)))
     elif args.lengths == "sharegpt":
-        from chatfleet.datasets import cached_sharegpt_length_pairs
+        from chatfleet.data.sharegpt import cached_sharegpt_length_pairs
 
         lengths = LengthSpec("sharegpt", pairs=tuple(cached_sharegpt_length_pairs()))
     else:

@@ -187,3 +187,129 @@ def test_twin_sweep_as_a_fleet_behind_the_gateway_core() -> None:
     assert [p["fleet"]["max_in_flight"] for p in doc["points"]][-1] == [8, 8]
     assert doc["points"][-1]["requests"]["shed"] > 0
     assert doc["recommended_cap"] is not None and doc["recommended_cap"] <= 8
+
+
+# --- bad input is a ChatfleetError (one line, exit 2); any other ValueError is a bug ----------
+
+
+def _bad_files(tmp: Path) -> None:
+    (tmp / "binary.dat").write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\x9f\xff")
+    (tmp / "zero.jsonl").write_text('{"input_len": 0, "output_len": 3}\n')
+    (tmp / "trace.jsonl").write_text('{"session": 1, "turn": 0, "time": -1, '
+                                     '"prompt_tokens": 5}\n')
+    (tmp / "profile.json").write_text('{"schema": "not-a-profile"}')
+    (tmp / "sweep.json").write_text('{"schema": "chatfleet.sweep/1", "target": {}, '
+                                    '"points": []}')
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("twin", "sweep", "--itl-stat", "median"), "itl_stat must be one of"),
+        (("twin", "sweep", "--attainment", "0"), "attainment must be in (0, 1]"),
+        (("twin", "sweep", "--max-running-requests", "0"), "max_running_requests must be"),
+        (("twin", "sweep", "--schedule-policy", "sjf"), "unknown schedule policy 'sjf'"),
+        (("twin", "sweep", "--cap-margin", "-1"), "cap_margin_steps must be >= 0"),
+        (("twin", "sweep", "--cap", "4", "--hop-ms", "-1"), "hop_s must not be negative"),
+        (("twin", "sweep", "--cap", "4", "--prefill-reserve-ms", "5000"),
+         "prefill_reserve_s < ttft_budget_s"),
+        (("twin", "sweep", "--profile", "{tmp}/profile.json"), "is not a chatfleet.profile/1"),
+        (("twin", "sweep", "--lengths", "file", "--length-file", "{tmp}/zero.jsonl"),
+         "input_len must be a positive integer"),
+        (("twin", "sweep", "--lengths", "file", "--length-file", "{tmp}/binary.dat"),
+         "not UTF-8 text"),
+        (("twin", "calibrate", "--from", "{tmp}/sweep.json", "--out", "{tmp}/p.json"),
+         "pass --gpu, --weights and --kv-cache"),
+        (("plan", "--users", "10", "--slo-ttft-ms", "-1"), "ttft_ms must be a positive"),
+        (("cache", "--trace", "{tmp}/trace.jsonl"), "'time' must be a number of seconds"),
+        (("sweep", "--target", "http://127.0.0.1:9", "--engine", "simserver", "--model", "m",
+          "--out", "{tmp}/s", "--telemetry", "thermometer"), "unknown telemetry source"),
+        (("gateway", "--replica", "http://127.0.0.1:9", "--cap", "4", "--state", "etcd"),
+         "--state must be memory or redis"),
+    ],
+)
+def test_bad_input_anywhere_is_one_error_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
+                                                         message: str) -> None:
+    _bad_files(tmp_path)
+    res = runner.invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert res.exit_code == 2, (res.output, res.exception)
+    out = " ".join(res.output.split())  # rich wraps long lines
+    assert out.count("error:") == 1, out
+    assert message in out.partition("error:")[2]
+    assert "Traceback" not in out
+
+
+def test_a_value_error_that_is_not_bad_input_keeps_its_traceback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug (here `int("x")` inside the pool sizing) is not disguised as a user error."""
+    import chatfleet.cli.plan as plan_cli
+
+    def broken(*args: object, **kwargs: object) -> None:
+        int("x")
+
+    monkeypatch.setattr(plan_cli, "plan_pool", broken)
+    res = runner.invoke(app, ["plan"])
+    assert res.exit_code != 2
+    assert type(res.exception) is ValueError
+    assert "error:" not in res.output
+
+
+def test_clean_errors_turns_only_chatfleet_errors_into_exit_2() -> None:
+    import typer
+
+    from chatfleet.cli.common import clean_errors
+    from chatfleet.core.errors import ChatfleetError
+    from chatfleet.core.specs import SpecError
+
+    for user_error in (ChatfleetError("bad flag"), SpecError("unknown GPU")):
+        with pytest.raises(typer.Exit) as exit_info, clean_errors():
+            raise user_error
+        assert exit_info.value.exit_code == 2
+    with pytest.raises(ValueError, match="not a user error"), clean_errors():
+        raise ValueError("not a user error")
+
+
+def test_each_flag_default_is_read_from_its_one_home() -> None:
+    """The run window, the SLO, the reference lengths and the gateway's queue come from the
+    module or dataclass that owns them, so a flag cannot drift from the code's default."""
+    import typer.main
+
+    from chatfleet.bench.sweep import LiveSweepConfig
+    from chatfleet.core import defaults
+    from chatfleet.core.fleet.fleet import FleetSettings
+    from chatfleet.core.metrics import SLO
+    from chatfleet.core.workload import LengthSpec, WorkloadConfig
+    from chatfleet.gateway.config import GatewayConfig
+    from chatfleet.twin.fleet import FleetConfig
+    from chatfleet.twin.sweep import TwinSweep
+
+    root = typer.main.get_command(app)
+
+    def flag_defaults(*path: str) -> dict[str, object]:
+        cmd = root
+        for name in path:
+            cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        return {p.name: p.default for p in cmd.params if p.name is not None}
+
+    slo, lengths = SLO(), LengthSpec()
+    for path in (("twin", "sweep"), ("sweep",), ("plan",)):
+        got = flag_defaults(*path)
+        assert (got["slo_ttft_ms"], got["slo_tpot_ms"], got["itl_stat"], got["attainment"]) == (
+            slo.ttft_ms, slo.tpot_ms, slo.itl_stat, slo.attainment), path
+        assert (got["duration"], got["warmup"], got["seed"]) == (
+            defaults.DURATION_S, defaults.WARMUP_S, defaults.SEED), path
+        assert got["system_prompt_tokens"] == WorkloadConfig().system_prompt_tokens, path
+        assert (got["input_len"], got["output_len"]) == (lengths.input_len, lengths.output_len)
+    assert flag_defaults("sweep")["drain"] == defaults.DRAIN_S
+    assert flag_defaults("sweep")["cooldown_max"] == defaults.COOLDOWN_MAX_S
+    assert flag_defaults("twin", "sweep")["queue_depth"] == FleetSettings().queue_depth
+    fleet = FleetSettings()
+    for cfg in (GatewayConfig(), FleetConfig(replicas=1, cap=1)):
+        assert (cfg.queue_depth, cfg.ttft_budget_s, cfg.prefill_reserve_s) == (
+            fleet.queue_depth, fleet.ttft_budget_s, fleet.prefill_reserve_s)
+    live = LiveSweepConfig([], "sglang", "m", [], WorkloadConfig(), Path("."))
+    twin = TwinSweep(None, WorkloadConfig(), slo)  # type: ignore[arg-type]
+    assert (live.drain_s, live.cooldown_max_s) == (defaults.DRAIN_S, defaults.COOLDOWN_MAX_S)
+    for run in (live, twin):
+        assert (run.duration_s, run.warmup_s, run.seed) == (
+            defaults.DURATION_S, defaults.WARMUP_S, defaults.SEED)

@@ -98,3 +98,28 @@ def test_bytes_landing_during_an_iteration_are_seen_by_the_next_poll() -> None:
     landed, pb = asyncio.run(landing_in_a_long_iteration())
     assert pb.ran[0] - landed >= HOLD_S  # read only after A's callback let go
     assert pb.stamps[0] - landed < HOLD_S / 2  # A's poll saw B readable
+
+
+def test_a_new_response_on_a_kept_alive_socket_forgets_what_was_seen_before() -> None:
+    """The fd of a kept-alive connection (or a reused fd number) was seen readable for an
+    earlier response's last bytes: a new response's first bytes must not take that time (a
+    stamp before the request was sent made the run's chunk times decrease)."""
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        a, proto = await connected(loop)
+        try:
+            sel = stamp_selects(loop)
+            assert sel is not None and proto.fd is not None
+            sel.readable.saw(proto.fd, 1.0)  # noted for an earlier response, never read
+            sel.readable.watch(proto.fd)  # the next response on the same socket registers
+            await asyncio.sleep(0.01)
+            written = time.monotonic()
+            a.send(b"data: {}\n\n")
+            await asyncio.wait_for(proto.got.wait(), 2.0)
+            return written, proto.stamps[0]
+        finally:
+            a.close()
+
+    written, stamp = asyncio.run(main())
+    assert stamp >= written - 1e-3

@@ -32,7 +32,8 @@ from chatfleet.core.workload import (
     Workload,
     WorkloadConfig,
 )
-from chatfleet.datasets import load_qwen_tokenizer, text_of_exact_tokens
+from chatfleet.data.exact_tokens import text_of_exact_tokens
+from chatfleet.data.tokenizer import load_qwen_tokenizer
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
 
 WCFG = WorkloadConfig(system_prompt_tokens=300, lengths=LengthSpec("uniform", 200, 8, 0.5),

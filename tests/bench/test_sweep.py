@@ -18,6 +18,7 @@ from chatfleet.bench import sweep as sweep_mod
 from chatfleet.bench.sweep import LivePoints, LiveSweep, LiveSweepConfig
 from chatfleet.core.documents.sweep import (
     ClosedLoad,
+    GpuBlock,
     Knee,
     LiveRun,
     Load,
@@ -26,6 +27,8 @@ from chatfleet.core.documents.sweep import (
     SweepPoint,
 )
 from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.measure import validity
+from chatfleet.core.measure.validity import below_clock_floor
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
@@ -107,6 +110,31 @@ def test_a_client_that_falls_behind_is_detected(tmp_path: Path) -> None:
     assert point.valid is False
     assert "client behind" in point.invalid_reason
     assert point.client.loop_lag_ms_p99 > 20.0
+
+
+@pytest.mark.timeout(120)
+def test_a_run_under_the_clock_floor_is_invalid_by_the_one_rule(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live sweep holds a run's median SM clock to `below_clock_floor`, the one rule."""
+    verdicts: list[tuple[float | None, str | None]] = []
+
+    def rule(gpu: GpuBlock, floor_mhz: float | None) -> str | None:
+        verdict = below_clock_floor(gpu, floor_mhz)
+        verdicts.append((floor_mhz, verdict))
+        return verdict
+
+    # the live sweep's validity reasons come from core.measure.validity, the one rule
+    monkeypatch.setattr(validity, "below_clock_floor", rule)
+    floor = 1e6  # above any clock: the simserver's thermal model runs near the L4's boost
+    with serve_in_thread(ServerConfig(spec=spec(), time_scale=20)) as srv:
+        doc = asyncio.run(LiveSweep(config(srv.urls, tmp_path / "s", closed(2),
+                                           clock_floor_mhz=floor)).run())
+    (point,) = doc.points
+    assert point.gpu.sm_clock_mhz.p50 is not None
+    assert verdicts == [(floor, below_clock_floor(point.gpu, floor))]
+    assert point.valid is False
+    assert point.invalid_reason == verdicts[0][1]
+    assert point.invalid_reason.startswith("under the clock floor: median SM clock")
 
 
 @pytest.mark.timeout(180)

@@ -177,7 +177,7 @@ def test_nvml_unavailable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
     def no_module() -> types.ModuleType:
         raise TelemetryUnavailable("NVML telemetry needs nvidia-ml-py: pip install nvidia-ml-py")
 
-    monkeypatch.setattr(tm, "_import_pynvml", no_module)
+    monkeypatch.setattr(tm.nvml, "_import_pynvml", no_module)
     with pytest.raises(TelemetryUnavailable, match="nvidia-ml-py"):
         NvmlReader(0)
 
@@ -198,7 +198,7 @@ def test_real_nvml_here_either_works_or_says_why() -> None:
 
 @pytest.mark.timeout(30)
 def test_sampler_with_fake_nvml_at_100ms(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(tm, "_import_pynvml", lambda: fake_pynvml())
+    monkeypatch.setattr(tm.nvml, "_import_pynvml", lambda: fake_pynvml())
     path = tmp_path / "telemetry.jsonl"
 
     async def main() -> TelemetrySampler:
@@ -244,7 +244,7 @@ def test_sampler_with_missing_nvml_fails_before_the_run(monkeypatch: pytest.Monk
     def no_gpu() -> types.ModuleType:
         return fake_pynvml(init_error=True)
 
-    monkeypatch.setattr(tm, "_import_pynvml", no_gpu)
+    monkeypatch.setattr(tm.nvml, "_import_pynvml", no_gpu)
 
     async def main() -> None:
         async with TelemetrySampler("nvml"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
-from chatfleet.datasets import gsm8k_test_path
+from chatfleet.data.paths import gsm8k_test_path
 from chatfleet.simserver.server import RunningServer, ServerConfig, serve_in_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

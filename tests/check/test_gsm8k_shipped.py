@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import chatfleet
-from chatfleet.datasets import gsm8k_test_path
+from chatfleet.data.paths import gsm8k_test_path
 from tests.processes import CHATFLEET, stop
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,7 +16,6 @@ from typing import Any
 import orjson
 import pytest
 
-from chatfleet.bench.results import dumps
 from chatfleet.core.documents.cache import CacheDoc
 from chatfleet.core.documents.fields import DocumentError
 from chatfleet.core.documents.plan import Plan
@@ -27,6 +26,7 @@ from chatfleet.core.documents.sweep import (
     SweepPoint,
     load_from_json,
 )
+from chatfleet.io import dumps
 from tests.documents.fixtures import RUNS, make
 
 DATA = Path(__file__).parent / "data"

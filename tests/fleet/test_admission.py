@@ -479,3 +479,109 @@ def test_an_empty_fleet_sheds_at_once_no_replica() -> None:
     out = ac.remove_replica("a", 1.5)  # the last replica leaves (ejected, say)
     assert [(d.request.request_id, d.reason) for d in out] == [("waits", "no_replica")]
     assert ac.num_shed["no_replica"] == 2
+
+
+# --- per-key limits ------------------------------------------------------------------------------
+def keyed(key: str, arrival: float = 0.0, rid: str | None = None) -> FleetRequest:
+    return FleetRequest(rid or f"r{next(_ids)}", None, arrival, key=key)
+
+
+def test_a_key_at_its_limit_is_shed_at_once_with_a_retry_after() -> None:
+    """alice may have 2 requests queued or in flight: the third is shed (key_limit) even
+    though the fleet has room, bob is not held back, and a release lets alice in again."""
+    ac = controller({"a": 1, "b": 1}, depth=4, key_limits={"alice": 2})
+    first = ac.offer(keyed("alice"), 0.0)[0]
+    second = ac.offer(keyed("alice"), 0.0)[0]
+    assert (first.outcome, second.outcome) == ("admitted", "admitted")
+    third = ac.offer(keyed("alice"), 0.1)[0]
+    assert third.shed and third.reason == "key_limit"
+    assert third.retry_after_s == 1 and third.retry_after_ms == 1000  # nothing drained yet
+    assert ac.num_shed["key_limit"] == 1 and ac.key_count("alice") == 2
+    assert ac.offer(keyed("bob"), 0.1)[0].queued  # bob waits for a slot, alice's limit aside
+    ac.release(first.replica or "", 0.5, key="alice")
+    assert ac.key_count("alice") == 1
+    assert ac.offer(keyed("alice"), 0.6)[0].queued  # behind bob
+
+
+def test_a_key_counts_its_queued_requests_until_they_leave() -> None:
+    """Queued requests count against their key; each way out of the queue (a deadline shed,
+    a cancel, being displaced) gives the place back."""
+    ac = controller({"a": 1}, depth=1, budget=1.0, key_limits={"k": 3})
+    ac.offer(FleetRequest("run", None, 0.0), 0.0)  # a is full from now on
+    q1 = keyed("k", 0.0, "q1")
+    assert ac.offer(q1, 0.0)[0].queued and ac.key_count("k") == 1
+    assert ac.cancel("q1") and ac.key_count("k") == 0
+    assert ac.offer(keyed("k", 0.2, "q2"), 0.2)[0].queued
+    out = ac.expire(1.3)  # q2's deadline was 1.2
+    assert [(d.request.request_id, d.reason) for d in out] == [("q2", "deadline")]
+    assert ac.key_count("k") == 0
+    assert ac.offer(keyed("k", 1.4, "q3"), 1.4)[0].queued
+    returning = FleetRequest("ret", None, 1.4, returning=True, key="k")
+    ds = ac.offer(returning, 1.4)  # the full queue: q3 is displaced by the returning one
+    assert [(d.request.request_id, d.outcome) for d in ds] == [("ret", "queued"),
+                                                               ("q3", "shed")]
+    assert ac.key_count("k") == 1
+
+
+def test_a_requeued_request_keeps_its_place_under_its_key() -> None:
+    ac = controller({"a": 1, "b": 1}, depth=2, budget=1.0, key_limits={"k": 1})
+    d = ac.offer(keyed("k", 0.0, "x"), 0.0)[0]
+    assert d.admitted and d.replica is not None
+    assert ac.offer(keyed("k", 0.0), 0.0)[0].reason == "key_limit"
+    again = ac.requeue(d.request, d.replica, 0.1)[0]
+    assert again.admitted and again.replica != d.replica and ac.key_count("k") == 1
+    assert ac.offer(keyed("k", 0.2), 0.2)[0].reason == "key_limit"
+    assert again.replica is not None
+    ac.release(again.replica, 0.3, key="k")
+    assert ac.key_count("k") == 0
+
+
+def test_releasing_a_key_with_nothing_under_it_is_an_error() -> None:
+    ac = controller({"a": 1}, key_limits={"k": 1})
+    ac.offer(req(), 0.0)
+    with pytest.raises(ValueError, match="key 'k'"):
+        ac.release("a", 0.1, key="k")
+    with pytest.raises(ValueError, match="at least 1"):
+        ac.set_key_limits({"k": 0})
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2)), min_size=1, max_size=80),
+       limit=st.integers(1, 3))
+def test_a_key_never_holds_more_than_its_limit(ops: list[tuple[int, int]], limit: int) -> None:
+    """Random offers, releases, cancels, requeues and expiries: every key's count is exactly
+    its requests queued or in flight, and never above its limit."""
+    ac = controller({"a": 1, "b": 2}, depth=3, budget=1.0, key_limits={"k0": limit, "k1": limit})
+    running: list[tuple[FleetRequest, str]] = []
+    queued: dict[str, FleetRequest] = {}
+    now = 0.0
+
+    def apply(ds: list[Decision]) -> None:
+        for d in ds:
+            queued.pop(d.request.request_id, None)
+            if d.admitted and d.replica is not None:
+                running.append((d.request, d.replica))
+            elif d.queued:
+                queued[d.request.request_id] = d.request
+
+    for op, k in ops:
+        now += 0.15
+        key = None if k == 2 else f"k{k}"
+        if op <= 1:
+            apply(ac.offer(FleetRequest(f"r{next(_ids)}", None, now, key=key), now))
+        elif op == 2 and running:
+            r, replica = running.pop(0)
+            apply(ac.release(replica, now, key=r.key))
+        elif op == 3 and queued:
+            rid = next(iter(queued))
+            assert ac.cancel(rid)
+            del queued[rid]
+        elif op == 4 and running:
+            r, replica = running.pop()
+            apply(ac.requeue(r, replica, now))
+        else:
+            apply(ac.expire(now))
+        for name in ("k0", "k1"):
+            held = sum(1 for r, _ in running if r.key == name) + sum(
+                1 for r in queued.values() if r.key == name)
+            assert ac.key_count(name) == held <= limit

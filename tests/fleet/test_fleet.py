@@ -105,3 +105,23 @@ def test_a_failure_before_the_first_byte_waits_in_the_queue_and_replays_exactly(
     again = replay(trace, {"a": 1, "b": 1}, SETTINGS, Flat())
     assert [(d.request.request_id, d.outcome, d.replica, d.reason) for d in again] == [
         (d.request.request_id, d.outcome, d.replica, d.reason) for d in made]
+
+
+def test_key_limits_are_the_cores_and_replay_exactly() -> None:
+    """The per-key limit sheds in the core (so the twin and the parity replay see it), and a
+    hot change of the limits is a traced call too."""
+    trace = FleetTrace()
+    settings_ = FleetSettings(queue_depth=3, ttft_budget_s=1.0, key_limits={"alice": 1})
+    fleet = Fleet({"a": 2}, settings_, Flat(), trace)
+    made = fleet.offer(FleetRequest("r1", None, 0.0, key="alice"), 0.0)
+    made += fleet.offer(FleetRequest("r2", None, 0.1, key="alice"), 0.1)
+    assert made[-1].reason == "key_limit"
+    fleet.set_key_limits({"alice": 2}, 0.2)
+    made += fleet.offer(FleetRequest("r3", None, 0.3, key="alice"), 0.3)
+    assert made[-1].admitted
+    made += fleet.release("a", 0.4, key="alice")
+    made += fleet.offer(FleetRequest("r4", None, 0.5, key="alice"), 0.5)
+    assert made[-1].admitted
+    again = replay(trace, {"a": 2}, settings_, Flat())
+    assert [(d.request.request_id, d.outcome, d.reason) for d in again] == [
+        (d.request.request_id, d.outcome, d.reason) for d in made]

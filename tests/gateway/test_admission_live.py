@@ -111,7 +111,7 @@ def test_keys_limits_and_admin(fakes2: list[Fake], tmp_path: Path) -> None:
         assert chat(g.url, headers=auth(BOB)).status_code == 200
         # alice may have one request at a time
         t = in_background(g.url, {"chunks": 40, "gap_s": 0.02},
-                          lambda: g.gateway.key_in_flight["alice"] == 1, auth(ALICE))
+                          lambda: g.gateway.fleet.ac.key_count("alice") == 1, auth(ALICE))
         r = chat(g.url, headers=auth(ALICE))
         assert r.status_code == 429 and r.json()["error"]["code"] == "key_limit"
         assert "Retry-After" in r.headers

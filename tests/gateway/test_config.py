@@ -26,6 +26,7 @@ def test_the_documented_example_loads() -> None:
     assert cfg.find_key("nope") is None
     assert cfg.is_admin("1234") and not cfg.is_admin("password")
     assert cfg.shared_prompt.mode == "own" and len(cfg.shared_prompt.tools) == 1
+    assert cfg.state.gateways == 2 and parse_config({}).state.gateways == 0
     over = Overrides(("http://127.0.0.1:9000",), cap=3, queue_depth=0).apply(cfg)
     assert [r.name for r in over.replicas] == ["127.0.0.1:9000"]
     assert (over.cap, over.queue_depth) == (3, 0)
@@ -41,6 +42,8 @@ def test_the_documented_example_loads() -> None:
     ({"keys": [{"name": "a", "sha256": "plaintext-key"}]}, "plaintext keys"),
     ({"admin": {"sha256": "abc"}}, "sha256"),
     ({"timeouts": {"idle_s": 0}}, "positive"),
+    ({"state": {"gateways": -1}}, "state.gateways"),
+    ({"state": {"gateways": 1.5}}, "whole number"),
     ({"timeouts": {"idle_s": 0.01}}, r"timeouts.idle_s: must lie in \[1, 3600\]"),
     ({"timeouts": {"client_header_s": 0.1}}, r"client_header_s: must lie in \[0.5, 300\]"),
     ({"timeouts": {"client_idle_s": 7200}}, r"client_idle_s: must lie in \[1, 3600\]"),

@@ -85,7 +85,7 @@ def test_requests_failed_before_the_first_byte_wait_for_room_never_502(
         assert good.completed == statuses[200] >= 2
         assert bad.completed == 0
     # the requeues are core calls: the trace replays to the live decisions, one for one
-    assert any(name == "requeue" for _, name, _ in calls.calls)
+    assert any(name == "requeue" for _, name, *_ in calls.calls)
     again = [(d.request.request_id, d.outcome, d.replica)
              for d in replay(calls, {}, fleet_settings(cfg), step_time)]
     assert again == [(rid, outcome, replica) for _, rid, outcome, replica, _ in log.rows]

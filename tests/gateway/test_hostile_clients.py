@@ -98,7 +98,7 @@ def state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateBacke
 
 def test_a_session_id_that_is_not_utf8_is_a_400(fakes2: list[Fake], state: StateBackend,
                                                 caplog: pytest.LogCaptureFixture) -> None:
-    with gateway(gateway_config([f.url for f in fakes2]), state=state) as g:
+    with gateway(gateway_config([f.url for f in fakes2], state={"gateways": 1}), state=state) as g:
         message = openai_error(*exchange(g.url, post(b"X-Session-ID: caf\xe9\xff\r\n",
                                                      MSG + b"}")), 400)
         assert "X-Session-ID" in message
@@ -127,7 +127,8 @@ def test_client_chosen_session_keys_cost_bounded_memory(fakes2: list[Fake],
     with redis_server(tmp_path) as (url, _):
         r = redis.Redis.from_url(url)
         before = int(r.info("memory")["used_memory"])
-        with gateway(gateway_config([f.url for f in fakes2]), state=RedisState(url)) as g:
+        cfg = gateway_config([f.url for f in fakes2], state={"gateways": 1})
+        with gateway(cfg, state=RedisState(url)) as g:
             for i in range(20):
                 sid = {"X-Session-ID": f"{i:02d}" + "s" * 16_000}
                 for extra in ({"json": {**CHAT, "user": f"{i:02d}" + "u" * 1_000_000}},
@@ -146,10 +147,10 @@ def test_client_chosen_session_keys_cost_bounded_memory(fakes2: list[Fake],
     assert f"chatfleet_gateway_session_bytes {float(router.sessions.num_bytes)}" in page
 
 
-def test_redis_with_a_memory_cap_evicts_sessions_and_never_leases(tmp_path: Path) -> None:
+def test_redis_with_a_memory_cap_evicts_sessions_and_never_shares(tmp_path: Path) -> None:
     """docs/gateway.md's recipe for the Redis session map: `--maxmemory` with the
-    volatile-lru policy. Sessions carry a TTL and leases do not, so only sessions are evicted:
-    100,000 sessions of the longest keys (about 20 MB) stay under an 8 MB cap, every lease
+    volatile-lru policy. Sessions carry a TTL and shares do not, so only sessions are evicted:
+    100,000 sessions of the longest keys (about 20 MB) stay under an 8 MB cap, every share
     survives, and the newest sessions are found."""
     import asyncio
 
@@ -160,13 +161,16 @@ def test_redis_with_a_memory_cap_evicts_sessions_and_never_leases(tmp_path: Path
         r = redis.Redis.from_url(url)
 
         async def gateway_calls(first: bool) -> tuple[dict[str, int], str | None]:
+            from chatfleet.core.fleet.fairshare import Demand
+            from chatfleet.gateway.state import ReplicaAsk, SyncRequest
+
             st = RedisState(url)
-            try:
-                if first:
-                    for i in range(8):
-                        assert await st.try_acquire(f"r{i % 2}", 4, f"lease-{i}")
+            try:  # gateway a takes every slot of both replicas; later b finds none left
+                got = await st.sync(SyncRequest(
+                    "gw-a" if first else "gw-b", None, 1, 5.0, Demand(1.0, 8),
+                    tuple(ReplicaAsk(f"r{i}", 4, 4, 0, 4 if first else 0) for i in range(2))))
                 await st.set_session(f"{key}-{first}", "r1", 600.0)
-                return (await st.counts(["r0", "r1"]), await st.get_session(f"{key}-{first}"))
+                return (got.shares, await st.get_session(f"{key}-{first}"))
             finally:
                 await st.close()
 
@@ -181,7 +185,7 @@ def test_redis_with_a_memory_cap_evicts_sessions_and_never_leases(tmp_path: Path
         used = int(r.info("memory")["used_memory"])
         evicted = int(r.info("stats")["evicted_keys"])
         first = r.get(f"chatfleet:session:{key}000000")
-    assert counts == {"r0": 4, "r1": 4}  # every lease survived
+    assert counts == {"r0": 0, "r1": 0}  # a's shares survived: nothing left for b
     assert newest == "r1" and first is None and evicted > 50_000
     assert used <= cap, used
 

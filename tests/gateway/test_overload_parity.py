@@ -19,7 +19,7 @@ from chatfleet.core.documents.sweep import ClosedLoad, OpenLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
-from chatfleet.parity import run_fleet_parity
+from chatfleet.jobs.parity import run_fleet_parity
 from chatfleet.twin.fleet import FleetConfig
 
 SPEC = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))

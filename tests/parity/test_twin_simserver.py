@@ -11,7 +11,7 @@ from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import find_knee
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
-from chatfleet.parity import run_parity
+from chatfleet.jobs.parity import run_parity
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
-from chatfleet.cli.plan import cooling_lines
+from chatfleet.cli.render import cooling_lines
 from chatfleet.core.documents.plan import Doubling
 from chatfleet.core.documents.sweep import SweepDoc
 from chatfleet.gateway.config import parse_config
@@ -250,13 +250,8 @@ def test_with_think_time_a_card_holds_more_users_than_its_cap() -> None:
 def test_hicache_flags_when_the_working_set_calls_for_them() -> None:
     from chatfleet.core.plan import figures_from_sweep
     from chatfleet.core.specs import builtin_model, get_gpu
-    from chatfleet.planner import (
-        PlanRequest,
-        SessionProfile,
-        host_tier_of,
-        launch_commands,
-        pool_of,
-    )
+    from chatfleet.core.workload import SessionProfile
+    from chatfleet.jobs.plan import PlanRequest, host_tier_of, launch_commands, pool_of
 
     doc = {"schema": "chatfleet.sweep/1", "target": {"weights": "fp8", "kv_cache": "fp8"},
            "knee": {"meets": 128, "fails": 130}, "recommended_cap": 18,

@@ -53,7 +53,11 @@ class _ReadableSince:
         self._polled = 0.0
 
     def watch(self, fd: int) -> None:
+        """Watch `fd` for a new response. What was noted of it before belongs to the bytes of
+        an earlier response on the same kept-alive connection (or an earlier connection the fd
+        number served): forgotten, or the new response's first bytes would take that time."""
         self.fds.add(fd)
+        self.since.pop(fd, None)
         if self._ep is not None:
             try:
                 self._ep.register(fd, _ONE_SHOT)

@@ -150,6 +150,7 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
     loop = asyncio.get_running_loop()
     arrivals.stamp_selects(loop)
     record.send_time = clock.now()
+    last_t = record.send_time
     prev_tokens = 0
     estimated = False
     try:
@@ -175,8 +176,11 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
                     stamp = stamps.next()
                     if stamp is not None:
                         arrived = (stamp - clock.t0) * clock.scale
-                        if arrived <= t:
+                        # a stamp is only taken if it lies after what this stream has seen
+                        # (its send, its last chunk): an earlier one is not these bytes'
+                        if last_t <= arrived <= t:
                             t = arrived
+                    last_t = t
                     try:
                         obj = orjson.loads(data)
                     except orjson.JSONDecodeError:

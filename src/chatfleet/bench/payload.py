@@ -1,7 +1,7 @@
 """Turn the workload's requests into request bodies for a live engine.
 
 - `ChatPayload` (the default): /v1/chat/completions with real text. Each segment of the
-  workload becomes text of exactly that many Qwen3 tokens (datasets.text_of_exact_tokens,
+  workload becomes text of exactly that many Qwen3 tokens (data.exact_tokens.text_of_exact_tokens,
   seeded by the segment id), so the shared system prompt is byte-identical in every request
   and every session. A session's history carries the answers the engine actually gave (their
   text, as the product would), not the workload's synthetic answers. Chat-template tokens come
@@ -29,7 +29,8 @@ from typing import Any
 
 from chatfleet.bench.text_pool import TextPool
 from chatfleet.core.workload import RequestSpec
-from chatfleet.datasets import QwenTokenizer, text_of_exact_tokens
+from chatfleet.data.exact_tokens import text_of_exact_tokens
+from chatfleet.data.tokenizer import QwenTokenizer
 
 Segment = tuple[int, int]  # (segment id, tokens)
 

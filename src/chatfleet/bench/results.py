@@ -17,7 +17,6 @@ An interrupted sweep loses nothing that finished: `--resume` reads runs.jsonl an
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -26,35 +25,15 @@ import orjson
 
 from chatfleet.core.documents.fields import DocumentError
 from chatfleet.core.documents.sweep import SweepDoc, SweepPoint
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.knee import sweep_document
-from chatfleet.core.measure.slo import SLO
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
+from chatfleet.io import write_json
 
 
-class ResultsError(ValueError):
+class ResultsError(ChatfleetError):
     pass
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def dumps(doc: Any) -> bytes:
-    """A JSON document as chatfleet writes its files: 2-space indents, numpy numbers as
-    numbers. A typed document (a dataclass) is refused: write its `to_json()`, which holds
-    the file's keys (orjson would write the dataclass's own fields instead)."""
-    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
-                        | orjson.OPT_PASSTHROUGH_DATACLASS)
 
 
 class SweepDir:
@@ -86,7 +65,7 @@ class SweepDir:
                     raise ResultsError(
                         f"--resume: the sweep in {self.root} was run with a different {key} "
                         f"({old[key]!r}); start a new --out")
-        write_atomic(self.meta_path, dumps(meta))
+        write_json(self.meta_path, meta)
         return done
 
     def finished_runs(self) -> list[SweepPoint]:
@@ -118,7 +97,7 @@ class SweepDir:
     def write_doc(self, target: dict[str, Any], workload: dict[str, Any], slo: SLO,
                   points: list[SweepPoint], cap_margin: int) -> SweepDoc:
         doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
-        write_atomic(self.doc_path, dumps(doc.to_json()))
+        write_json(self.doc_path, doc.to_json())
         return doc
 
     def write_records(self, index: int, records: Iterable[RequestRecord]) -> Path:

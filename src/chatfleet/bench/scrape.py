@@ -32,6 +32,7 @@ import orjson
 
 from chatfleet.bench.client import Clock
 from chatfleet.core.documents.sweep import EngineBlock
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.engines import EngineAdapter, get_adapter
 from chatfleet.engines.prom import (
     Metrics,
@@ -58,7 +59,7 @@ class EngineScraper:
                  path: str | Path | None = None, timeout_s: float = 5.0,
                  max_records: int = 500_000) -> None:
         if interval_s <= 0:
-            raise ValueError("the scrape interval must be positive")
+            raise ChatfleetError("the scrape interval must be positive")
         self.adapter = get_adapter(adapter) if isinstance(adapter, str) else adapter
         self.urls = [targets] if isinstance(targets, str) else list(targets)
         if not self.urls:

@@ -33,6 +33,7 @@ from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
 from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
 from chatfleet.bench.text_pool import DEFAULT_WORKERS, TextPool
+from chatfleet.core.defaults import COOLDOWN_MAX_S, DRAIN_S, DURATION_S, SEED, WARMUP_S
 from chatfleet.core.documents.sweep import (
     ClientBlock,
     LiveRun,
@@ -42,12 +43,13 @@ from chatfleet.core.documents.sweep import (
     SweepPoint,
     TokenCheck,
 )
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.knee import find_knee
 from chatfleet.core.measure.percentiles import percentiles
 from chatfleet.core.measure.point import summarize_point
-from chatfleet.core.measure.slo import SLO
 from chatfleet.core.measure.validity import RunChecks, invalid_reasons
 from chatfleet.core.refine import BISECT_MAX_RUNS, EXTEND_MAX_RUNS, RefinePolicy
+from chatfleet.core.slo import SLO
 from chatfleet.core.sweep import Sweep
 from chatfleet.core.workload import (
     RequestSpec,
@@ -55,6 +57,7 @@ from chatfleet.core.workload import (
     WorkloadConfig,
     driver_for,
 )
+from chatfleet.data.tokenizer import load_qwen_tokenizer
 from chatfleet.engines import EngineAdapter, FlushVerdict, flush_and_verify, get_adapter
 
 FLUSH_TRIES = 3
@@ -70,14 +73,14 @@ class LiveSweepConfig:
     wcfg: WorkloadConfig
     out: Path
     slo: SLO = field(default_factory=SLO)
-    duration_s: float = 300.0
-    warmup_s: float = 30.0
-    drain_s: float = 300.0
+    duration_s: float = DURATION_S
+    warmup_s: float = WARMUP_S
+    drain_s: float = DRAIN_S
     flush: bool = True
-    seed: int = 1
+    seed: int = SEED
     telemetry: str = "none"
     cooldown_temp_c: float | None = None
-    cooldown_max_s: float = 300.0
+    cooldown_max_s: float = COOLDOWN_MAX_S
     clock_floor_mhz: float | None = None
     resume: bool = False
     refine: bool = False
@@ -150,7 +153,7 @@ class LiveSweep:
             try:
                 infos.append(await self.adapter.server_info(session, url))
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise ValueError(f"cannot reach the target {url}: {exc}") from exc
+                raise ChatfleetError(f"cannot reach the target {url}: {exc}") from exc
         info = infos[0] if infos else {}
         self.time_scale = float(info.get("time_scale") or 1.0)
         self.target = {
@@ -170,8 +173,6 @@ class LiveSweep:
         if self.cfg.api == "completions-ids":
             inner = completions_with_ids(self.cfg.model, self.adapter.accepts_ignore_eos)
         else:
-            from chatfleet.datasets import load_qwen_tokenizer
-
             tok = load_qwen_tokenizer()
             pool = TextPool(tok.directory, self.cfg.prompt_workers)
             pool.start()  # before any clock: the workers load the tokenizer
@@ -186,8 +187,6 @@ class LiveSweep:
         """Where the engine sends no running usage, count each chunk with the tokenizer."""
         if self.adapter.accepts_continuous_usage:
             return None
-        from chatfleet.datasets import load_qwen_tokenizer
-
         tok = load_qwen_tokenizer()
         return lambda text: len(tok.encode(text))
 

@@ -1,12 +1,12 @@
 """Exact-token texts built in worker processes, off the harness's event loop.
 
-A prompt's text of exactly n Qwen3 tokens (`datasets.text_of_exact_tokens`: seeded filler words,
-then the tokenizer's count check) takes milliseconds to build: about 1 ms for 256 tokens and
-5-10 ms for 1,024-2,048 on this machine. Built on the event loop, that time is loop lag for
-every stream the harness reads, and it arrives with every request. A `TextPool` builds the texts
-in `workers` spawned processes, each with the tokenizer loaded once, so the loop only awaits a
-future and unpickles a string. The text is the same function of (n, seed) as inline, checked the
-same way: same seed, same bytes.
+A prompt's text of exactly n Qwen3 tokens (`data.exact_tokens.text_of_exact_tokens`: seeded
+filler words, then the tokenizer's count check) takes milliseconds to build: about 1 ms for 256
+tokens and 5-10 ms for 1,024-2,048 on this machine. Built on the event loop, that time is loop
+lag for every stream the harness reads, and it arrives with every request. A `TextPool` builds
+the texts in `workers` spawned processes, each with the tokenizer loaded once, so the loop only
+awaits a future and unpickles a string. The text is the same function of (n, seed) as inline,
+checked the same way: same seed, same bytes.
 
 Spawned, not forked: the harness runs threads (NVML reads, aiohttp's resolver) that a fork would
 copy mid-flight.
@@ -20,6 +20,9 @@ import multiprocessing
 import os
 from concurrent.futures.process import BrokenProcessPool
 
+from chatfleet.data.exact_tokens import text_of_exact_tokens
+from chatfleet.data.tokenizer import load_qwen_tokenizer
+
 DEFAULT_WORKERS = 2
 START_TIMEOUT_S = 120.0
 
@@ -28,15 +31,11 @@ _tok = None  # the worker's tokenizer, loaded by _init
 
 def _init(directory: str | None) -> None:
     global _tok
-    from chatfleet.datasets import load_qwen_tokenizer
-
     _tok = load_qwen_tokenizer(directory)
     _tok.filler_words  # noqa: B018 (built once per worker, before the first text)
 
 
 def _build(n: int, seed: int) -> str:
-    from chatfleet.datasets import text_of_exact_tokens
-
     assert _tok is not None, "the pool's initializer did not run"
     return text_of_exact_tokens(_tok, n, seed=seed)
 

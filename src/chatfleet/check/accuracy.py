@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 
 from chatfleet import __version__
+from chatfleet.check.gsm8k import extract_model_answer, gsm8k_answer
 from chatfleet.core.accuracy import (
     DIFF_METHOD,
     MCNEMAR_METHOD,
@@ -37,7 +38,8 @@ from chatfleet.core.accuracy import (
     select_indices,
     summarize_target,
 )
-from chatfleet.datasets import extract_model_answer, gsm8k_answer, gsm8k_test_path
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.data.paths import gsm8k_test_path
 
 SCHEMA = "chatfleet.accuracy/1"
 PROBE_TIMEOUT_S = 10.0
@@ -46,7 +48,7 @@ Thinking = Literal["off", "on", "server"]
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+/-]*")
 
 
-class AccuracyInputError(ValueError):
+class AccuracyInputError(ChatfleetError):
     """Bad input to `chatfleet accuracy` (a one-line message)."""
 
 

@@ -11,14 +11,29 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from chatfleet.check.accuracy import (
+    AccuracyInputError,
+    AnswerLog,
+    AnswerRow,
+    AskConfig,
+    answers_path,
+    ask_all,
+    build_result,
+    load_dataset,
+    parse_named_paths,
+    parse_targets,
+    resolve_dataset,
+    sample,
+)
 from chatfleet.cli.common import (
     clean_errors,
     console,
     fail,
     out,
     print_json,
-    write_json_atomic,
 )
+from chatfleet.engines import get_adapter
+from chatfleet.io import write_json
 
 THINKING_CHOICES = ("off", "on", "server")
 
@@ -63,22 +78,6 @@ def accuracy(
     Wilson 95% intervals per target; against the first target, an exact McNemar test and
     Newcombe's interval on the paired difference, judged against --margin (docs/accuracy.md).
     """
-    from chatfleet.check.accuracy import (
-        AccuracyInputError,
-        AnswerLog,
-        AnswerRow,
-        AskConfig,
-        answers_path,
-        ask_all,
-        build_result,
-        load_dataset,
-        parse_named_paths,
-        parse_targets,
-        resolve_dataset,
-        sample,
-    )
-    from chatfleet.engines import get_adapter
-
     with clean_errors():
         targets = parse_targets(target)
         if n is not None and n < 1:
@@ -143,7 +142,7 @@ def accuracy(
                            targets=targets, rows=result.rows, cfg=cfg, engine_logs=engine_logs,
                            models=result.models)
         if out_file is not None:
-            write_json_atomic(out_file, doc)
+            write_json(out_file, doc)
     if as_json:
         print_json(doc)
     else:

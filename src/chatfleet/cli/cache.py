@@ -22,7 +22,6 @@ from chatfleet.cli.common import (
     out,
     print_json,
     uncalibrated_note,
-    write_json_atomic,
 )
 from chatfleet.core.cache.recommend import cache_document, summarize
 from chatfleet.core.cache.replay import CacheConfig, unbounded_pool
@@ -39,8 +38,11 @@ from chatfleet.core.cache.trace import (
 from chatfleet.core.documents.cache import CacheDoc, CacheResult
 from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.engine.radix import EVICTION_POLICIES
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.jsonl import json_objects
 from chatfleet.core.specs import precision
+from chatfleet.data.tokenizer import load_qwen_tokenizer
+from chatfleet.io import write_json
 from chatfleet.twin.cache_replay import replay
 
 
@@ -82,7 +84,7 @@ def parse_policies(text: str) -> list[str]:
 def _int_field(rec: dict[str, Any], key: str, where: str, minimum: int) -> int:
     v = rec[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{where}: {key!r} must be an integer >= {minimum}, got {v!r}")
+        raise ChatfleetError(f"{where}: {key!r} must be an integer >= {minimum}, got {v!r}")
     return v
 
 
@@ -99,18 +101,18 @@ def load_trace_file(path: Path, shared_prefix_tokens: int,
         for where, rec in json_objects(f, str(path)):
             for key in ("session", "turn", "time"):
                 if key not in rec:
-                    raise ValueError(f"{where}: missing {key!r}")
+                    raise ChatfleetError(f"{where}: missing {key!r}")
             session = rec["session"]
             if not isinstance(session, (str, int)) or isinstance(session, bool):
-                raise ValueError(f"{where}: 'session' must be a string or an integer")
+                raise ChatfleetError(f"{where}: 'session' must be a string or an integer")
             turn = _int_field(rec, "turn", where, 0)
             t = rec["time"]
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
                     or t < 0:
-                raise ValueError(f"{where}: 'time' must be a number of seconds >= 0, got {t!r}")
+                raise ChatfleetError(f"{where}: 'time' must be a number of seconds >= 0, got {t!r}")
             ident = (str(session), turn)
             if ident in seen:
-                raise ValueError(f"{where}: session {session!r} turn {turn} appears twice")
+                raise ChatfleetError(f"{where}: session {session!r} turn {turn} appears twice")
             seen.add(ident)
             out_tokens = (_int_field(rec, "output_tokens", where, 1)
                           if rec.get("output_tokens") is not None else None)
@@ -120,26 +122,24 @@ def load_trace_file(path: Path, shared_prefix_tokens: int,
                 if isinstance(p, list):
                     if not p or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
                                         for x in p):
-                        raise ValueError(f"{where}: 'prompt_tokens' must be a non-empty list of "
-                                         f"token ids (integers >= 0) or a count")
+                        raise ChatfleetError(f"{where}: 'prompt_tokens' must be a non-empty "
+                                             "list of token ids (integers >= 0) or a count")
                     prompt = array("q", p)
                 else:
                     prompt = _int_field(rec, "prompt_tokens", where, 1)
             elif "text" in rec:
                 if not isinstance(rec["text"], str) or not rec["text"]:
-                    raise ValueError(f"{where}: 'text' must be a non-empty string")
+                    raise ChatfleetError(f"{where}: 'text' must be a non-empty string")
                 if tokenizer is None:
-                    from chatfleet.datasets import load_qwen_tokenizer
-
                     tokenizer = load_qwen_tokenizer()
                 prompt = array("q", tokenizer.encode(rec["text"]))
                 if not prompt:
-                    raise ValueError(f"{where}: 'text' tokenizes to nothing")
+                    raise ChatfleetError(f"{where}: 'text' tokenizes to nothing")
             else:
-                raise ValueError(f"{where}: give 'prompt_tokens' (ids or a count) or 'text'")
+                raise ChatfleetError(f"{where}: give 'prompt_tokens' (ids or a count) or 'text'")
             rows.append((str(session), turn, float(t), prompt, out_tokens))
     if not rows:
-        raise ValueError(f"{path}: no turns in the file")
+        raise ChatfleetError(f"{path}: no turns in the file")
     by_session: dict[str, list[tuple[str, int, float, Any, int | None]]] = {}
     for r in rows:
         by_session.setdefault(r[0], []).append(r)
@@ -282,7 +282,7 @@ def cache(
                 bar.advance(task)
         doc = cache_document(trace_info, target, reference, results, card_pool)
         if out_path is not None:
-            write_json_atomic(out_path, doc.to_json())
+            write_json(out_path, doc.to_json())
     if as_json:
         print_json(doc.to_json())
         return

@@ -1,4 +1,4 @@
-"""Shared pieces of the command line: spec lookup, clean errors, atomic JSON writes."""
+"""Shared pieces of the command line: spec lookup, clean errors, printing JSON."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-import orjson
 import typer
 from rich.console import Console
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import GPU, Model, SpecError, builtin_model, get_gpu, model_from_config
-from chatfleet.core.workload import WorkloadError
+from chatfleet.io import dumps
 
 console = Console(stderr=True)
 # tables are wide: keep them whole when stdout is a pipe or a file
@@ -60,11 +60,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 @contextmanager
 def clean_errors() -> Iterator[None]:
-    """Bad input becomes a one-line error and exit status 2, never a traceback."""
+    """Bad input (a `ChatfleetError`) becomes a one-line error and exit status 2, never a
+    traceback. Any other exception, a `ValueError` from numpy or `int("x")` included, is a bug
+    and keeps its traceback."""
     try:
         yield
-    except (SpecError, WorkloadError, ValueError) as exc:
+    except ChatfleetError as exc:
         fail(str(exc))
+    except UnicodeDecodeError as exc:  # a file read as text that is not (a binary file)
+        fail(f"not UTF-8 text: {exc}")
     except FileNotFoundError as exc:
         fail(f"file not found: {exc.filename}")
     except KeyboardInterrupt:
@@ -106,13 +110,5 @@ def parse_list(text: str, cast: Callable[[str], Any], what: str) -> list[Any]:
     return values
 
 
-def write_json_atomic(path: Path, doc: Any) -> None:
-    """Write `doc` so that a reader (or a crash) never sees a half-written file."""
-    from chatfleet.bench.results import dumps, write_atomic
-
-    write_atomic(path, dumps(doc))
-
-
 def print_json(doc: Any) -> None:
-    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
-                                  | orjson.OPT_PASSTHROUGH_DATACLASS).decode() + "\n")
+    sys.stdout.write(dumps(doc).decode() + "\n")

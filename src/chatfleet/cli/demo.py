@@ -11,10 +11,11 @@ import typer
 from rich.table import Table
 
 from chatfleet.cli.common import clean_errors, console, fail, out, print_json, progress_bars
-from chatfleet.cli.plan import pool_table, print_answer
-from chatfleet.cli.twin import fmt
+from chatfleet.cli.render import fmt, pool_table, print_answer
+from chatfleet.core.defaults import SEED
 from chatfleet.core.memory import plan_pool
 from chatfleet.core.specs import builtin_model, get_gpu
+from chatfleet.jobs.demo import DemoConfig, run_demo
 
 
 def demo(
@@ -25,13 +26,11 @@ def demo(
     overload: float = typer.Option(2.0, help="Live load in multiples of the fleet's cap."),
     cap_margin: int = typer.Option(0, help="Gateway cap this many grid steps below the knee."),
     live: bool = typer.Option(True, "--live/--no-live", help="Run the live part."),
-    seed: int = typer.Option(1, help="Base seed."),
+    seed: int = typer.Option(SEED, help="Base seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Answer the question for Qwen3-8B on L4 with the twin (no GPU needed), prove it live on
     simserver replicas behind the gateway, and write the HTML report."""
-    from chatfleet.demo import DemoConfig, run_demo
-
     with clean_errors():
         if users < 1 or live_seconds <= 0 or overload <= 0 or cap_margin < 0:
             fail("--users, --live-seconds and --overload must be positive, --cap-margin >= 0")

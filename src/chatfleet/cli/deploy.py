@@ -7,7 +7,16 @@ from pathlib import Path
 import typer
 
 from chatfleet.cli.common import console, fail, out, print_json
-from chatfleet.deploy.k8s import DEFAULT_IMAGE_CHATFLEET, DEFAULT_IMAGE_SGLANG
+from chatfleet.deploy.k8s import (
+    DEFAULT_IMAGE_CHATFLEET,
+    DEFAULT_IMAGE_SGLANG,
+    DeployError,
+    K8sOptions,
+    manifests,
+    plan_from_file,
+    plan_from_flags,
+    write,
+)
 
 deploy_app = typer.Typer(help="Deployment files: Kubernetes manifests, Prometheus, Grafana.",
                          no_args_is_help=True)
@@ -41,15 +50,6 @@ def k8s(
 ) -> None:
     """Kubernetes manifests for SGLang on L4 nodes behind the gateway, with Redis, a
     Prometheus scrape config and a Grafana dashboard."""
-    from chatfleet.deploy.k8s import (
-        DeployError,
-        K8sOptions,
-        manifests,
-        plan_from_file,
-        plan_from_flags,
-        write,
-    )
-
     try:
         if plan is not None:
             given = [f for f, v in (("--cap", cap), ("--weights", weights),

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import typer
 
-from chatfleet.cli.common import console, fail, out
+from chatfleet.cli.common import clean_errors, console, fail, out
+from chatfleet.gateway.app import Gateway, step_time_for
+from chatfleet.gateway.config import ConfigError, Overrides, cap_from_sweep, load_config
+from chatfleet.gateway.config import hash_key as do_hash
+from chatfleet.gateway.server import start
+from chatfleet.gateway.state import backend_from
+from chatfleet.serverlog import setup_logging
 
 
 def gateway(
@@ -34,9 +40,6 @@ def gateway(
 ) -> None:
     """Serve replicas behind a cap at the knee, one queue with 429 + Retry-After, session
     affinity and a byte-identical shared prompt."""
-    from chatfleet.gateway.config import ConfigError, Overrides, cap_from_sweep, load_config
-    from chatfleet.gateway.config import hash_key as do_hash
-
     if hash_key:
         key = sys.stdin.readline().strip()
         if not key:
@@ -45,33 +48,28 @@ def gateway(
         return
     if not 0 <= port <= 65535:
         fail(f"--port {port} is outside 0..65535")
-    try:
+    with clean_errors():
         if cap_from is not None:
             if cap is not None:
                 fail("give --cap or --cap-from, not both")
             cap = cap_from_sweep(cap_from)
         overrides = Overrides(tuple(replica), cap, queue_depth)
         cfg = overrides.apply(load_config(config))
-        from chatfleet.gateway.app import Gateway, step_time_for
-        from chatfleet.gateway.state import backend_from
-
-        backend = backend_from(state, cfg.state.timeout_s, cfg.state.lease_ttl_s)
+        backend = backend_from(state, cfg.state.timeout_s)
         gw = Gateway(cfg, config_path=config, overrides=overrides,
                      step_time=step_time_for(cfg), state=backend)
-    except (ConfigError, ValueError) as exc:
-        fail(str(exc))
 
     async def main() -> None:
-        from chatfleet.gateway.server import start
-        from chatfleet.serverlog import setup_logging
-
         setup_logging()
 
         running = await start(gw, host, port)
         out.print(running.url, highlight=False)
         auth = f"{len(cfg.keys)} API keys" if cfg.keys else "no API keys (open)"
         where = "in process" if not backend.shared else state
-        up = "" if gw.shared.up else " (unreachable: local share of each cap until it answers)"
+        up = "" if gw.shared.up or not backend.shared else (
+            f" (unreachable: cap // {cfg.state.gateways} of each replica until it answers)"
+            if cfg.state.gateways else " (unreachable: nothing is served until it answers; "
+            "set state.gateways to serve a share without it)")
         console.print(f"gateway: {len(cfg.replicas)} replicas, cap {cfg.cap} each, queue "
                       f"{cfg.queue_depth}, {auth}, shared prompt {cfg.shared_prompt.mode}, "
                       f"state {where}{up}; Ctrl-C stops, SIGHUP reloads the config")

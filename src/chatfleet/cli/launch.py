@@ -10,7 +10,9 @@ from types import FrameType
 import typer
 from rich.table import Table
 
-from chatfleet.cli.common import console, fail, out, print_json
+from chatfleet.cli.common import clean_errors, console, fail, load_gpu, out, print_json
+from chatfleet.core.specs import precision
+from chatfleet.deploy.launcher import ChildFailed, Interrupted, Launcher, LaunchError, LaunchSpec
 
 
 class _StopFlag:
@@ -63,23 +65,12 @@ def launch(
 ) -> None:
     """Run Redis, M replicas and N gateways here; stop them all, in reverse order, on Ctrl-C
     or SIGTERM."""
-    from chatfleet.deploy.launcher import (
-        ChildFailed,
-        Interrupted,
-        Launcher,
-        LaunchError,
-        LaunchSpec,
-    )
-
     spec = LaunchSpec(gateways=gateways, replicas=replicas, engine=engine,
                       engine_cmd=engine_cmd, redis=redis, cap=cap, cap_from=cap_from,
                       queue_depth=queue_depth, host=host, port=port, replica_port=replica_port,
                       gpu=gpu, weights=weights, kv_cache=kv_cache, time_scale=time_scale,
                       config=config, log_dir=log_dir, ready_timeout_s=ready_timeout)
     if engine == "simserver":
-        from chatfleet.cli.common import clean_errors, load_gpu
-        from chatfleet.core.specs import precision
-
         with clean_errors():  # the simserver's own options, checked before anything starts
             load_gpu(gpu)
             precision(weights, kv_cache)

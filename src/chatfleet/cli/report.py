@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from chatfleet.cli.common import clean_errors, console
+from chatfleet.report import build_report
 
 
 def report(
@@ -26,8 +27,6 @@ def report(
         "flight), not as a sweep."),
 ) -> None:
     """Write DIR/report.html (self-contained, inline SVG plots) and DIR/report.md."""
-    from chatfleet.report import build_report
-
     with clean_errors():
         written = build_report(sweeps, out_dir=out_dir, title=title, live_proof=live_proof)
     for w in written.warnings:

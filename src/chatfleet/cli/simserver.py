@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from chatfleet.check.accuracy import AccuracyInputError, gsm8k_split
 from chatfleet.cli.common import (
     clean_errors,
     console,
@@ -20,8 +21,11 @@ from chatfleet.cli.common import (
     out,
     uncalibrated_note,
 )
+from chatfleet.cli.options import engine_model_args, profile_calibration
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import precision
+from chatfleet.simserver.oracle import Oracle
+from chatfleet.simserver.server import ServerConfig, start
 
 
 def simserver(
@@ -65,8 +69,6 @@ def simserver(
 ) -> None:
     """Serve the engine model over HTTP in wall-clock time, as SGLang (or vLLM) would on that
     GPU."""
-    from chatfleet.simserver.server import ServerConfig, start
-
     with clean_errors():
         if replicas < 1:
             fail("--replicas must be at least 1")
@@ -75,8 +77,6 @@ def simserver(
         if not (0.0 <= oracle_accuracy <= 1.0):
             fail("--oracle-accuracy must lie in [0, 1]")
         if oracle_dataset is not None and str(oracle_dataset).strip().lower() == "gsm8k":
-            from chatfleet.check.accuracy import AccuracyInputError, gsm8k_split
-
             try:
                 oracle_dataset = gsm8k_split()
             except AccuracyInputError as exc:
@@ -85,8 +85,6 @@ def simserver(
             fail(f"--oracle-dataset: no file {oracle_dataset}")
         if not 0 <= port <= 65535 or (port and port + replicas - 1 > 65535):
             fail(f"--port {port} with {replicas} replicas is outside 0..65535")
-        from chatfleet.cli.twin import engine_model_args, profile_calibration
-
         spec = EngineSpec(load_gpu(gpu), load_model(model), precision(weights, kv_cache),
                           pool_tokens=pool_tokens, max_running_requests=max_running_requests,
                           eviction_policy=eviction, host_pool_tokens=host_pool_tokens,
@@ -101,8 +99,6 @@ def simserver(
                            oracle_dataset=oracle_dataset, oracle_accuracy=oracle_accuracy)
         oracle_note = None
         if oracle_dataset is not None:  # read it now: a bad file is a one-line error
-            from chatfleet.simserver.oracle import Oracle
-
             ds = Oracle.load(oracle_dataset, oracle_accuracy, seed).dataset
             oracle_note = (f"oracle: {len(ds.items)} questions of {oracle_dataset} ({ds.kind}), "
                            f"accuracy {oracle_accuracy}, seed {seed}")

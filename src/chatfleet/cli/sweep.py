@@ -11,19 +11,22 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, request_stop
 from chatfleet.cli.common import clean_errors, console, fail, out
-from chatfleet.cli.twin import (
-    GROUP_DRAW_HELP,
-    build_lengths,
-    build_loads,
-    knee_lines,
-    load_label,
-    parse_group_draw,
-    sweep_table,
+from chatfleet.cli.options import GROUP_DRAW_HELP, build_lengths, build_loads, parse_group_draw
+from chatfleet.cli.render import knee_lines, load_label, sweep_table
+from chatfleet.core.defaults import (
+    COOLDOWN_MAX_S,
+    DRAIN_S,
+    DURATION_S,
+    SEED,
+    SYSTEM_PROMPT_TOKENS,
+    WARMUP_S,
 )
 from chatfleet.core.documents.sweep import SweepDoc, SweepPoint
-from chatfleet.core.measure.slo import SLO
-from chatfleet.core.workload import WorkloadConfig
+from chatfleet.core.slo import SLO
+from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.engines import get_adapter
 
 ENGINES = ("sglang", "vllm", "simserver", "openai")
 
@@ -36,36 +39,38 @@ def sweep(
     concurrency: str = typer.Option("1,2,4,8,16,32", help="Closed-loop user counts."),
     rate: str | None = typer.Option(None, help="Open-loop session rates per second."),
     arrival: str = typer.Option("poisson", help="poisson or gamma:B."),
-    input_len: int = typer.Option(512, help="User message tokens (fixed/uniform)."),
-    output_len: int = typer.Option(128, help="Answer tokens (fixed/uniform)."),
+    input_len: int = typer.Option(
+        LengthSpec().input_len, help="User message tokens (fixed/uniform)."),
+    output_len: int = typer.Option(LengthSpec().output_len, help="Answer tokens (fixed/uniform)."),
     lengths: str = typer.Option("sharegpt", help="fixed, uniform, sharegpt or file (the real "
                                 "length mix is the default)."),
     range_ratio: float = typer.Option(0.0, help="uniform: range ratio."),
     range_convention: str = typer.Option("sglang", help="uniform: sglang or vllm."),
     length_file: Path | None = typer.Option(None, help="lengths=file: JSONL of lengths."),
-    system_prompt_tokens: int = typer.Option(2048, help="Shared system prompt tokens."),
+    system_prompt_tokens: int = typer.Option(
+        SYSTEM_PROMPT_TOKENS, help="Shared system prompt tokens."),
     prompt_groups: int = typer.Option(1, help="Distinct shared system prompts."),
     group_draw: str = typer.Option("round-robin", help=GROUP_DRAW_HELP),
     turns: int = typer.Option(1, help="Turns per session."),
     think_time: float = typer.Option(0.0, help="Mean think time between turns, seconds."),
     ramp_up: float = typer.Option(0.0, help="Closed loop: spread user starts over S s."),
-    duration: float = typer.Option(300.0, help="Measurement window per run, seconds."),
-    warmup: float = typer.Option(30.0, help="Warm-up before the window, seconds."),
-    drain: float = typer.Option(300.0, help="Longest wait for the window's requests after it."),
+    duration: float = typer.Option(DURATION_S, help="Measurement window per run, seconds."),
+    warmup: float = typer.Option(WARMUP_S, help="Warm-up before the window, seconds."),
+    drain: float = typer.Option(DRAIN_S, help="Longest wait for the window's requests after it."),
     flush: bool = typer.Option(True, "--flush/--no-flush", help="Flush the prefix cache "
                                "before every run (and check that it took)."),
-    seed: int = typer.Option(1, help="Base seed; run i uses seed + i."),
+    seed: int = typer.Option(SEED, help="Base seed; run i uses seed + i."),
     telemetry: str = typer.Option("none", help="nvml[:INDEX], dcgm:URL, simserver, agent:URL "
                                   "or none."),
     cooldown_temp: float | None = typer.Option(None, help="Before each run, wait until the "
                                                "GPU is under this temperature (C)."),
-    cooldown_max: float = typer.Option(300.0, help="Longest cool-down wait, seconds."),
+    cooldown_max: float = typer.Option(COOLDOWN_MAX_S, help="Longest cool-down wait, seconds."),
     clock_floor: float | None = typer.Option(None, help="Runs whose median SM clock is under "
                                              "this (MHz) are invalid."),
-    slo_ttft_ms: float = typer.Option(1000.0, help="TTFT target."),
-    slo_tpot_ms: float = typer.Option(100.0, help="Per-token target."),
-    itl_stat: str = typer.Option("mean", help="Per-request statistic: mean, p99 or max."),
-    attainment: float = typer.Option(0.99, help="Share of requests that must meet it."),
+    slo_ttft_ms: float = typer.Option(SLO().ttft_ms, help="TTFT target."),
+    slo_tpot_ms: float = typer.Option(SLO().tpot_ms, help="Per-token target."),
+    itl_stat: str = typer.Option(SLO().itl_stat, help="Per-request statistic: mean, p99 or max."),
+    attainment: float = typer.Option(SLO().attainment, help="Share of requests that must meet it."),
     cap_margin: int = typer.Option(0, help="Lower the recommended cap by N grid steps."),
     refine: bool = typer.Option(False, "--refine", help="Close an open knee bracket (double "
                                 "the top while it meets, halve the lowest rate while it "
@@ -92,8 +97,6 @@ def sweep(
     max_loop_lag_ms: float = typer.Option(10.0, help="Client loop-lag p99 bound (validity)."),
 ) -> None:
     """Measure the knee against live engines, with the method automated."""
-    from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, request_stop
-
     with clean_errors():
         if engine not in ENGINES:
             fail(f"unknown --engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -119,8 +122,6 @@ def sweep(
         labels: dict[str, Any] = {k: v for k, v in (("gpu", gpu), ("weights", weights),
                                                      ("kv_cache", kv_cache)) if v}
         if engine_log is not None:
-            from chatfleet.engines import get_adapter
-
             labels["engine_log"] = get_adapter(engine).parse_log(engine_log)
         cfg = LiveSweepConfig(
             targets=[t.rstrip("/") for t in target], engine=engine, model=model, loads=loads,

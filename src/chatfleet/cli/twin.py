@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -19,23 +18,27 @@ from chatfleet.cli.common import (
     parse_list,
     print_json,
     uncalibrated_note,
-    write_json_atomic,
 )
-from chatfleet.core.calibration import Calibration
-from chatfleet.core.documents.sweep import (
-    ClosedLoad,
-    Load,
-    OpenLoad,
-    SweepDoc,
-    SweepPoint,
-    load_from_json,
+from chatfleet.cli.options import (
+    GROUP_DRAW_HELP,
+    build_lengths,
+    build_loads,
+    engine_model_args,
+    parse_group_draw,
+    profile_calibration,
 )
+from chatfleet.cli.render import knee_lines, load_label, sweep_table
+from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
+from chatfleet.core.documents.sweep import SweepDoc, load_from_json
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.engine.radix import EVICTION_POLICIES
-from chatfleet.core.measure.slo import SLO
+from chatfleet.core.fleet.fleet import FleetSettings
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import precision
-from chatfleet.core.workload import GROUP_DRAWS, GroupDraw, LengthSpec, WorkloadConfig
-from chatfleet.twin.fleet import MEASURED_HOP_S
+from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.io import write_json
+from chatfleet.twin.calibrate import calibrate
+from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
 from chatfleet.twin.run import is_calibrated
 from chatfleet.twin.sweep import TwinSweep
 
@@ -44,173 +47,6 @@ twin_app = typer.Typer(help="The engine twin: SGLang or vLLM on a given GPU, in 
 
 ENGINE_MODEL_HELP = ("The engine model: sglang (v0.5, prefill first) or vllm (0.26 V1: token "
                      "budget, mixed batches, block prefix cache); docs/twin.md.")
-
-
-def parse_arrival(text: str) -> float:
-    """'poisson' -> burstiness 1; 'gamma:B' -> B."""
-    if text == "poisson":
-        return 1.0
-    if text.startswith("gamma:"):
-        try:
-            b = float(text.split(":", 1)[1])
-        except ValueError:
-            fail(f"bad arrival {text!r}: use poisson or gamma:B with B a number")
-        if b <= 0:
-            fail("gamma burstiness must be positive")
-        return b
-    fail(f"bad arrival {text!r}: use poisson or gamma:B")
-
-
-def build_lengths(kind: str, input_len: int, output_len: int, range_ratio: float,
-                  convention: str, length_file: Path | None) -> LengthSpec:
-    if kind in ("fixed", "uniform"):
-        return LengthSpec(kind, input_len, output_len, range_ratio,  # type: ignore[arg-type]
-                          convention)  # type: ignore[arg-type]
-    if kind == "sharegpt":
-        from chatfleet.datasets import cached_sharegpt_length_pairs
-
-        with console.status("loading ShareGPT length pairs (cached after the first run)"):
-            pairs = cached_sharegpt_length_pairs()
-        return LengthSpec("sharegpt", pairs=tuple(pairs))
-    if kind == "file":
-        if length_file is None:
-            fail("--lengths file needs --length-file PATH")
-        from chatfleet.datasets import load_length_file
-
-        return LengthSpec("file", pairs=tuple(load_length_file(length_file)))
-    fail(f"unknown --lengths {kind!r}: fixed, uniform, sharegpt or file")
-
-
-GROUP_DRAW_HELP = ("How a session gets its prompt group: round-robin (over sessions, in "
-                   "creation order), user (user u always in group u mod G) or request (each "
-                   "session draws one of the G at random from its seeded generator, as "
-                   "SGLang's generated-shared-prefix benchmark; one turn: each request).")
-
-
-def parse_group_draw(text: str) -> GroupDraw:
-    for draw in GROUP_DRAWS:
-        if text == draw:
-            return draw
-    fail(f"unknown --group-draw {text!r}: {', '.join(GROUP_DRAWS)}")
-
-
-def build_loads(concurrency: str | None, rate: str | None, arrival: str) -> list[Load]:
-    """The load points of a sweep: closed-loop user counts, then open-loop rates."""
-    loads: list[Load] = [ClosedLoad(c) for c in parse_list(concurrency, int, "--concurrency")
-                         ] if concurrency else []
-    if rate:
-        b = parse_arrival(arrival)
-        loads += [OpenLoad(r, arrival, b) for r in parse_list(rate, float, "--rate")]
-    if not loads:
-        fail("nothing to run: give --concurrency or --rate")
-    return loads
-
-
-def load_label(load: Load) -> str:
-    """"16 users", "2.0 rps"."""
-    if isinstance(load, ClosedLoad):
-        return f"{load.concurrency} users"
-    return f"{load.rate_rps} rps"
-
-
-def point_row(p: SweepPoint) -> list[str]:
-    label = load_label(p.load)
-    thin = "*" if p.thin else ""
-    if not p.valid:
-        label += " (invalid)"
-    e = p.engine
-    return [
-        label,
-        f"{p.attainment:.3f}{thin}",
-        fmt(p.goodput_rps, ".2f"),
-        fmt(p.output_tok_s, ".0f"),
-        fmt(p.ttft_ms.p50, ".0f"),
-        fmt(p.ttft_ms.p99, ".0f"),
-        fmt(p.tpot_ms.p50, ".0f"),
-        fmt(p.tpot_ms.p99, ".0f"),
-        fmt(p.itl_ms.p99, ".0f"),
-        fmt(e.max_running, "d"),
-        fmt(e.max_queue, "d"),
-        fmt(e.peak_token_usage, ".2f"),
-    ]
-
-
-def fmt(value: Any, spec: str) -> str:
-    """A figure, or a dash where the source had none (an engine without metrics)."""
-    if value is None:
-        return "-"
-    if spec == "d":
-        return str(int(value))
-    return format(value, spec)
-
-
-def sweep_table(doc: SweepDoc, title: str) -> Table:
-    t = Table(title=title,
-              caption="times in ms; * thin: fewer than 200 requests behind the percentiles")
-    gated = any(p.fleet is not None or p.requests.shed for p in doc.points)
-    cols = ["load", "attain", "goodput/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
-            "TPOT p99", "ITL p99", "running", "queue", "usage"]
-    if gated:  # a gateway in front: what it shed, and what the admitted users saw
-        cols[2:2] = ["admitted attain", "shed"]
-    for col in cols:
-        t.add_column(col, justify="right")
-    for p in doc.points:
-        row = point_row(p)
-        if gated:
-            row[2:2] = [fmt(p.admitted_attainment, ".3f"), str(p.requests.shed)]
-        t.add_row(*row)
-    return t
-
-
-def knee_lines(doc: SweepDoc) -> list[str]:
-    k, kr, peak = doc.knee, doc.knee_rate, doc.throughput_peak
-    lines = []
-    if doc.has_mode("closed"):
-        lines.append(f"closed-loop knee: meets {k.meets} users, fails {k.fails} users; "
-                     f"recommended gateway cap: {doc.recommended_cap}")
-        if peak.load is not None:
-            lines.append(f"throughput peak: {peak.output_tok_s:.0f} output tok/s at "
-                         f"{peak.load} users (never the limit)")
-    if doc.has_mode("open"):
-        lines.append(f"open-loop knee: meets {kr.meets} rps, fails {kr.fails} rps")
-    return lines
-
-
-def engine_model_args(engine_model: str, max_num_batched_tokens: int | None,
-                      long_prefill_token_threshold: int) -> dict[str, Any]:
-    """The EngineSpec fields of --engine-model and its vLLM-only flags, checked."""
-    from chatfleet.core.engine.build import ENGINE_MODELS
-
-    if engine_model not in ENGINE_MODELS:
-        fail(f"--engine-model {engine_model!r}: choose {' or '.join(ENGINE_MODELS)}")
-    if engine_model != "vllm" and (max_num_batched_tokens is not None
-                                   or long_prefill_token_threshold):
-        fail("--max-num-batched-tokens and --long-prefill-token-threshold need "
-             "--engine-model vllm")
-    if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
-        fail("--max-num-batched-tokens must be at least 1")
-    if long_prefill_token_threshold < 0:
-        fail("--long-prefill-token-threshold must not be negative")
-    return {"engine_model": engine_model, "max_num_batched_tokens": max_num_batched_tokens,
-            "long_prefill_token_threshold": long_prefill_token_threshold}
-
-
-def profile_calibration(profile: Path | None, gpu: str,
-                        engine_model: str = "sglang") -> Calibration | None:
-    if profile is None:
-        return None
-    from chatfleet.core.specs import get_gpu
-    from chatfleet.twin.calibrate import load_profile
-
-    cal, doc = load_profile(profile)
-    if get_gpu(gpu).name != cal.gpu:
-        console.print(f"[yellow]note:[/] profile {profile} was fitted on {cal.gpu}, used for "
-                      f"{gpu}: the results are marked uncalibrated")
-    fitted_for = doc.get("engine_model", "sglang")
-    if fitted_for != engine_model:
-        console.print(f"[yellow]note:[/] profile {profile} was fitted for the {fitted_for} "
-                      f"engine model, used with the {engine_model} one")
-    return cal
 
 
 @twin_app.command("calibrate")
@@ -239,8 +75,6 @@ def calibrate_cmd(
 ) -> None:
     """Fit the twin's step-time constants to a live sweep (its concurrency-1 point; the vLLM
     model a second point too) and report the fit's error on the sweep's other points."""
-    from chatfleet.twin.calibrate import calibrate
-
     with clean_errors():
         points = parse_list(fit_points, int, "--fit-points") if fit_points else None
         frontend: float | str = "auto"
@@ -252,7 +86,7 @@ def calibrate_cmd(
         prof = calibrate(from_, gpu=gpu, model=model, weights=weights, kv_cache=kv_cache,
                          gemm_eff=gemm_eff, engine_model=engine_model, fit_points=points,
                          bandwidth_eff=bandwidth_eff, frontend_s=frontend)
-        write_json_atomic(out_path, prof)
+        write_json(out_path, prof)
     if as_json:
         print_json(prof)
         return
@@ -292,15 +126,17 @@ def sweep(
     rate: str | None = typer.Option(
         None, help="Open-loop arrival rates (sessions/s), e.g. 0.5,1,2"),
     arrival: str = typer.Option("poisson", help="poisson or gamma:B (B<1 burstier)."),
-    input_len: int = typer.Option(512, help="User message tokens (fixed/uniform)."),
-    output_len: int = typer.Option(128, help="Answer tokens (fixed/uniform)."),
+    input_len: int = typer.Option(
+        LengthSpec().input_len, help="User message tokens (fixed/uniform)."),
+    output_len: int = typer.Option(LengthSpec().output_len, help="Answer tokens (fixed/uniform)."),
     lengths: str = typer.Option("fixed", help="fixed, uniform, sharegpt or file."),
     range_ratio: float = typer.Option(0.0, help="uniform: --random-range-ratio."),
     range_convention: str = typer.Option("sglang", help="uniform: sglang ([r*len, len]) or "
                                          "vllm ([len*(1-r), len*(1+r)])."),
     length_file: Path | None = typer.Option(
         None, help="lengths=file: JSONL of input_len/output_len."),
-    system_prompt_tokens: int = typer.Option(2048, help="Shared system prompt tokens."),
+    system_prompt_tokens: int = typer.Option(
+        SYSTEM_PROMPT_TOKENS, help="Shared system prompt tokens."),
     prompt_groups: int = typer.Option(1, help="Distinct shared system prompts."),
     group_draw: str = typer.Option("round-robin", help=GROUP_DRAW_HELP),
     turns: int = typer.Option(1, help="Turns per session."),
@@ -317,14 +153,16 @@ def sweep(
     mem_fraction: float | None = typer.Option(
         None, help="SGLang's --mem-fraction-static (the vLLM model's "
         "--gpu-memory-utilization)."),
-    duration: float = typer.Option(300.0, help="Measurement window, virtual seconds."),
-    warmup: float = typer.Option(30.0, help="Warm-up before the window, virtual seconds."),
-    seed: int = typer.Option(1, help="Base seed; point i uses seed + i."),
+    duration: float = typer.Option(DURATION_S, help="Measurement window, virtual seconds."),
+    warmup: float = typer.Option(WARMUP_S, help="Warm-up before the window, virtual seconds."),
+    seed: int = typer.Option(SEED, help="Base seed; point i uses seed + i."),
     thermal: bool = typer.Option(False, "--thermal", help="Switch the thermal model on."),
-    slo_ttft_ms: float = typer.Option(1000.0, help="TTFT target."),
-    slo_tpot_ms: float = typer.Option(100.0, help="Per-token target."),
-    itl_stat: str = typer.Option("mean", help="Per-request statistic: mean (TPOT), p99, max."),
-    attainment: float = typer.Option(0.99, help="Share of requests that must meet the target."),
+    slo_ttft_ms: float = typer.Option(SLO().ttft_ms, help="TTFT target."),
+    slo_tpot_ms: float = typer.Option(SLO().tpot_ms, help="Per-token target."),
+    itl_stat: str = typer.Option(
+        SLO().itl_stat, help="Per-request statistic: mean (TPOT), p99, max."),
+    attainment: float = typer.Option(
+        SLO().attainment, help="Share of requests that must meet the target."),
     cap_margin: int = typer.Option(0, help="Lower the recommended cap by this many grid steps."),
     refine: bool = typer.Option(False, "--refine", help="Bisect each knee bracket with more "
                                 "points (closed loop to one user, open loop to 10%% of the "
@@ -340,7 +178,8 @@ def sweep(
                                  "(with --cap): the load is the whole fleet's."),
     cap: int | None = typer.Option(None, help="Gateway cap on requests in flight per replica: "
                                    "runs the fleet (admission, queue, sheds, routing)."),
-    queue_depth: int = typer.Option(64, help="Gateway queue depth (with --cap)."),
+    queue_depth: int = typer.Option(
+        FleetSettings().queue_depth, help="Gateway queue depth (with --cap)."),
     affinity: bool = typer.Option(True, "--affinity/--no-affinity", help="Sessions to their "
                                   "replica (rendezvous + spill rule), or least-loaded."),
     prefill_reserve_ms: float = typer.Option(
@@ -378,8 +217,6 @@ def sweep(
         loads = build_loads(concurrency, rate, arrival)
         fleet = None
         if cap is not None or replicas > 1:
-            from chatfleet.twin.fleet import FleetConfig
-
             fleet = FleetConfig(replicas=replicas, cap=cap or spec.kv_pool_tokens(),
                                 queue_depth=queue_depth, ttft_budget_s=slo.ttft_ms / 1000,
                                 prefill_reserve_s=prefill_reserve_ms / 1000,
@@ -395,7 +232,7 @@ def sweep(
 
             def on_point(partial: SweepDoc) -> None:
                 if json_out is not None:
-                    write_json_atomic(json_out, partial.to_json())
+                    write_json(json_out, partial.to_json())
                 if len(partial.points) > len(loads):  # a refinement point
                     bar.update(task, total=len(partial.points))
                 bar.advance(task)

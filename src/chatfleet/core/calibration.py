@@ -46,6 +46,7 @@ import math
 from dataclasses import dataclass, replace
 
 from chatfleet.core.engine.step_time import StepConstants, attention_pairs
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.memory import CALIBRATED_GPUS, tier_defaults
 from chatfleet.core.specs import GPU, Model, Precision, builtin_model, get_gpu
 
@@ -130,7 +131,7 @@ def fit_l4(
                   + mean_ctx * model.kv_bytes_per_token(bf16.kv_cache))
     streaming_s = bf16.itl_s - decode_fixed_s
     if streaming_s <= 0:
-        raise ValueError("the assumed decode fixed cost exceeds the measured time per token")
+        raise ChatfleetError("the assumed decode fixed cost exceeds the measured time per token")
     bandwidth_eff = bytes_bf16 / (streaming_s * gpu.bandwidth_gbs * 1e9)
 
     # 2. Prefill: fixed cost from BF16's TTFT at the assumed GEMM efficiency.
@@ -147,13 +148,13 @@ def fit_l4(
     gemm, weights, attn = compute_parts(bf16, bf16_gemm_eff)
     prefill_fixed_s = bf16.median_ttft_s - max(gemm, weights) - attn
     if prefill_fixed_s <= 0:
-        raise ValueError("the assumed BF16 GEMM efficiency leaves no prefill fixed cost")
+        raise ChatfleetError("the assumed BF16 GEMM efficiency leaves no prefill fixed cost")
 
     # 3. FP8's own constant: its GEMM efficiency, from its TTFT.
     _, weights8, attn8 = compute_parts(fp8, 1.0)
     gemm8_s = fp8.median_ttft_s - prefill_fixed_s - attn8
     if gemm8_s <= weights8:
-        raise ValueError(
+        raise ChatfleetError(
             "FP8's TTFT is below the fixed cost plus its weight streaming under this split: "
             "lower the assumed BF16 GEMM efficiency"
         )
@@ -413,20 +414,20 @@ def fit_point(
     build changes its per-step overhead, eager or CUDA graphs, far more than the bandwidth its
     kernels reach on a card)."""
     if new_tokens < 1 or ttft_s <= 0:
-        raise ValueError("the calibration point needs a positive TTFT and prompt")
+        raise ChatfleetError("the calibration point needs a positive TTFT and prompt")
     kvb = model.kv_bytes_per_token(kv_cache)
     bytes_step = model.streamed_weight_bytes(weights) + decode_context * kvb
     if bandwidth_eff is None:
         if tpot_s <= decode_fixed_s:
-            raise ValueError(f"time per token {tpot_s * 1000:.2f} ms is below the assumed "
-                             f"decode fixed cost ({decode_fixed_s * 1000:.2f} ms)")
+            raise ChatfleetError(f"time per token {tpot_s * 1000:.2f} ms is below the assumed "
+                                 f"decode fixed cost ({decode_fixed_s * 1000:.2f} ms)")
         bandwidth_eff = bytes_step / ((tpot_s - decode_fixed_s) * gpu.bandwidth_gbs * 1e9)
     else:
         if not 0 < bandwidth_eff <= 1.5:
-            raise ValueError("the held bandwidth efficiency must be in (0, 1.5]")
+            raise ChatfleetError("the held bandwidth efficiency must be in (0, 1.5]")
         decode_fixed_s = tpot_s - bytes_step / (gpu.bandwidth_gbs * 1e9 * bandwidth_eff)
         if decode_fixed_s <= 0:
-            raise ValueError(
+            raise ChatfleetError(
                 f"time per token {tpot_s * 1000:.2f} ms is faster than streaming the weights "
                 f"and KV at bandwidth efficiency {bandwidth_eff}: pass a higher one")
     bw = gpu.bandwidth_gbs * 1e9 * bandwidth_eff
@@ -437,7 +438,7 @@ def fit_point(
     kv_read = cached_tokens * kvb / bw
     fixed = ttft_s - max(gemm, weights_s) - attn - kv_read
     if fixed <= 0:
-        raise ValueError(
+        raise ChatfleetError(
             f"TTFT {ttft_s * 1000:.1f} ms is shorter than the modelled prefill alone at GEMM "
             f"efficiency {gemm_eff}: pass a higher --gemm-eff")
     return Calibration(gpu=gpu.name, bandwidth_eff=bandwidth_eff, decode_fixed_s=decode_fixed_s,
@@ -470,8 +471,8 @@ def calibration_from_json(d: dict[str, object]) -> Calibration:
             per_seq_s=float(d.get("per_seq_s", 0.0)),  # type: ignore[arg-type]
             frontend_s=float(d.get("frontend_s", 0.0)))  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a calibration profile: {exc}") from exc
+        raise ChatfleetError(f"not a calibration profile: {exc}") from exc
     if (not 0 < cal.bandwidth_eff <= 1.5 or cal.prefill_fixed_s < 0 or cal.decode_fixed_s < 0
             or cal.per_seq_s < 0 or cal.frontend_s < 0):
-        raise ValueError("calibration profile has out-of-range constants")
+        raise ChatfleetError("calibration profile has out-of-range constants")
     return cal

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from chatfleet.core.defaults import SYSTEM_PROMPT_TOKENS
 from chatfleet.core.specs import GIB, GPU, Model, SpecError
 
 # Memory the CUDA context, cuBLAS/NCCL handles and PyTorch's allocator hold before SGLang loads
@@ -34,6 +35,10 @@ CONTEXT_OVERHEAD_MIB = 321.0
 # The GPUs whose figures come from a measurement (docs/facts.md#l4-calibration-points). Every
 # other card is marked uncalibrated in every output until a calibration profile exists for it.
 CALIBRATED_GPUS = frozenset({"l4"})
+
+# The tokens one request adds to the pool when nothing else is said: the reference request,
+# 512 user tokens in and 128 answer tokens out (docs/facts.md#l4-calibration-points).
+REQUEST_TOKENS = 640
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +129,8 @@ def plan_pool(
     kv_cache: str,
     *,
     mem_fraction: float | None = None,
-    request_tokens: int = 640,
-    system_prompt_tokens: int = 2048,
+    request_tokens: int = REQUEST_TOKENS,
+    system_prompt_tokens: int = SYSTEM_PROMPT_TOKENS,
     context_overhead_mib: float = CONTEXT_OVERHEAD_MIB,
 ) -> PoolPlan:
     """Size the KV pool and count what fits in it.

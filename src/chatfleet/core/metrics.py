@@ -1,6 +1,7 @@
 """The metrics math's old home, kept for one release: import from `chatfleet.core.measure`
-(`slo`, `itl`, `request`, `percentiles`, `point`, `validity`, `knee`) and the typed sweep
-document from `chatfleet.core.documents.sweep`. docs/metrics.md states the definitions."""
+(`itl`, `request`, `percentiles`, `point`, `validity`, `knee`), the target from
+`chatfleet.core.slo` and the typed sweep document from `chatfleet.core.documents.sweep`.
+docs/metrics.md states the definitions."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from chatfleet.core.measure.request import (
     tpot,
     ttft,
 )
-from chatfleet.core.measure.slo import ITL_STATS, SLO, TOLERANCE_MS, ItlStat
+from chatfleet.core.slo import ITL_STATS, SLO, TOLERANCE_MS, ItlStat
 
 __all__ = [
     "ITL_STATS", "MODES", "RATE_BRACKET_SHARE", "SCHEMA", "SLO", "THIN_REQUESTS", "TOLERANCE_MS",

@@ -30,6 +30,7 @@ from chatfleet.core.documents.plan import (
     PrecisionFigures,
 )
 from chatfleet.core.documents.sweep import SweepDoc, SweepPoint, valid_points
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.knee import recommended_cap
 
 __all__ = ["PrecisionFigures"]  # its home is core.documents.plan
@@ -38,7 +39,7 @@ __all__ = ["PrecisionFigures"]  # its home is core.documents.plan
 PRECISION_ORDER = ("bf16", "fp8")
 
 
-class PlanError(ValueError):
+class PlanError(ChatfleetError):
     """Inputs the plan cannot use (a sweep without a closed-loop knee, bad headroom, ...)."""
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from chatfleet.core.documents.sweep import Load, SweepPoint
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.knee import bisect_next, find_knee
 
 Phase = Literal["extend", "bisect"]
@@ -37,9 +38,9 @@ class RefinePolicy:
 
     def __post_init__(self) -> None:
         if self.extend_max_runs < 0 or self.bisect_max_runs < 0:
-            raise ValueError("refinement run bounds must not be negative")
+            raise ChatfleetError("refinement run bounds must not be negative")
         if self.max_concurrency < 1 or self.max_rate_rps <= 0:
-            raise ValueError("the refinement's load bounds must be positive")
+            raise ChatfleetError("the refinement's load bounds must be positive")
 
 
 DEFAULT_POLICY = RefinePolicy()

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from chatfleet.core.errors import ChatfleetError
+
 GIB = 1 << 30
 MIB = 1 << 20
 
@@ -18,7 +20,7 @@ DTYPES: tuple[Dtype, ...] = ("bf16", "fp8")
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp8": 1}
 
 
-class SpecError(ValueError):
+class SpecError(ChatfleetError):
     """Bad input: unknown GPU or model, a config missing fields, a bad precision."""
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.gateway.config import ConfigError, cap_from_sweep, load_config
 
 ENGINES = ("simserver", "command")
@@ -38,7 +39,7 @@ WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 STOP_GRACE_S = 20.0
 
 
-class LaunchError(ValueError):
+class LaunchError(ChatfleetError):
     """Input the launcher cannot use (exit 2), with the option named."""
 
 

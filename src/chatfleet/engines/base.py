@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import Precision, precision
 from chatfleet.engines.prom import Metrics, MetricsUnavailable, fetch_metrics
 
@@ -382,14 +383,14 @@ def as_precision(prec: Precision | str | tuple[str, str]) -> Precision:
         return precision(parts[0], parts[0])
     if len(parts) == 2:
         return precision(parts[0], parts[1])
-    raise ValueError(f"precision must look like 'fp8/fp8' (weights/KV cache), not {prec!r}")
+    raise ChatfleetError(f"precision must look like 'fp8/fp8' (weights/KV cache), not {prec!r}")
 
 
 def check_launch_args(mem_fraction: float | None, max_running_requests: int | None) -> None:
     if mem_fraction is not None and not 0 < mem_fraction < 1:
-        raise ValueError(f"the memory fraction must be between 0 and 1, not {mem_fraction}")
+        raise ChatfleetError(f"the memory fraction must be between 0 and 1, not {mem_fraction}")
     if max_running_requests is not None and max_running_requests < 1:
-        raise ValueError("max_running_requests must be at least 1")
+        raise ChatfleetError("max_running_requests must be at least 1")
 
 
 async def get_json(session: aiohttp.ClientSession, url: str, path: str,

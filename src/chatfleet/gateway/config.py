@@ -17,7 +17,7 @@ import hmac
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,10 +26,13 @@ import yaml
 
 from chatfleet.core.documents.fields import DocumentError
 from chatfleet.core.documents.sweep import SweepDoc
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.fleet.prompt import SharedPrompt
+from chatfleet.core.fleet.session import DEFAULT_SESSION_TTL_S
 
 
-class ConfigError(ValueError):
+class ConfigError(ChatfleetError):
     """A configuration that cannot be used, with the key that is wrong."""
 
 
@@ -101,18 +104,23 @@ class Health:
 
 @dataclass(frozen=True, slots=True)
 class StateSettings:
-    """The shared store (--state redis://...): how long a lease lives unrenewed (a crashed
-    gateway's slots come back after it), how often the counts are read, each call's timeout."""
+    """The shared store (--state redis://...), docs/gateway.md "Several gateways":
+    lease_ttl_s: a gateway silent this long is taken for dead (its shares free), and after
+    Redis starts empty no gateway grows its shares for this long; refresh_s: how often each
+    gateway syncs its shares; timeout_s: each call's timeout; gateways: how many gateways may
+    share the replicas (0: not known; each then serves nothing until Redis has confirmed its
+    shares), what a gateway that has never reached Redis divides each cap by."""
 
-    lease_ttl_s: float = 15.0
+    lease_ttl_s: float = 5.0
     refresh_s: float = 0.05
     timeout_s: float = 0.5
+    gateways: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Routing:
     affinity: bool = True
-    session_ttl_s: float = 600.0
+    session_ttl_s: float = DEFAULT_SESSION_TTL_S
     max_sessions: int = 1_000_000
     # the step-time model that prices a spill (recompute of a session's prefix elsewhere)
     gpu: str = "l4"
@@ -126,10 +134,10 @@ class Routing:
 class GatewayConfig:
     replicas: tuple[ReplicaConfig, ...] = ()
     cap: int = 8
-    queue_depth: int = 64
-    ttft_budget_s: float = 1.0
-    prefill_reserve_s: float = 0.0
-    prioritize_returning: bool = True
+    queue_depth: int = FleetSettings().queue_depth
+    ttft_budget_s: float = FleetSettings().ttft_budget_s
+    prefill_reserve_s: float = FleetSettings().prefill_reserve_s
+    prioritize_returning: bool = FleetSettings().prioritize_returning
     max_body_bytes: int = 4 * 1024 * 1024
     debug_headers: bool = False  # x-chatfleet-replica / -route on responses
     keys: tuple[KeyConfig, ...] = ()
@@ -281,7 +289,8 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
     s_raw = _section(raw, "state")
     _known(s_raw, "state", set(StateSettings.__dataclass_fields__))
     sd = StateSettings()
-    state = StateSettings(**{k: _num(s_raw, k, getattr(sd, k), "state")
+    state = StateSettings(**{k: _num(s_raw, k, getattr(sd, k), "state",
+                                     positive=k != "gateways", integer=k == "gateways")
                              for k in StateSettings.__dataclass_fields__})
     _known(t_raw, "timeouts", set(Timeouts.__dataclass_fields__))
     _known(h_raw, "health", set(Health.__dataclass_fields__))
@@ -426,6 +435,20 @@ class Overrides:
         if not cfg.replicas:
             raise ConfigError("no replicas: pass --replica URL or list them in the config file")
         return check(cfg)
+
+
+def config_summary(cfg: GatewayConfig) -> dict[str, Any]:
+    """What /admin/limits shows (no key material)."""
+    return {"cap": cfg.cap, "queue_depth": cfg.queue_depth,
+            "caps": {r.name: cfg.replica_cap(r) for r in cfg.replicas},
+            "keys": {k.name: k.max_concurrent for k in cfg.keys},
+            "ttft_budget_s": cfg.ttft_budget_s,
+            "timeouts": asdict(cfg.timeouts)}
+
+
+def key_limits(cfg: GatewayConfig) -> dict[str, int]:
+    """API key name -> its limit on requests queued or in flight (keys with a limit)."""
+    return {k.name: k.max_concurrent for k in cfg.keys if k.max_concurrent is not None}
 
 
 def cap_from_sweep(path: Path) -> int:

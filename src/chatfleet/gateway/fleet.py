@@ -16,10 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from chatfleet.core.engine.step_time import StepTimeModel
-from chatfleet.core.fleet.admission import Decision, FleetRequest
+from chatfleet.core.fleet.admission import Decision, DrainRate, FleetRequest
+from chatfleet.core.fleet.fairshare import Demand
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
 from chatfleet.core.fleet.health import ReplicaHealth, Transition
-from chatfleet.gateway.config import GatewayConfig, ReplicaConfig
+from chatfleet.gateway.config import GatewayConfig, ReplicaConfig, key_limits
 from chatfleet.gateway.metrics import GatewayMetrics, Gauges
 from chatfleet.gateway.upstream import Pool
 
@@ -62,7 +63,11 @@ def fleet_settings(cfg: GatewayConfig) -> FleetSettings:
         queue_depth=cfg.queue_depth, ttft_budget_s=cfg.ttft_budget_s,
         prefill_reserve_s=cfg.prefill_reserve_s, prioritize_returning=cfg.prioritize_returning,
         affinity=cfg.routing.affinity, shared_prefix_tokens=cfg.routing.shared_prefix_tokens,
-        session_ttl_s=cfg.routing.session_ttl_s, max_sessions=cfg.routing.max_sessions)
+        session_ttl_s=cfg.routing.session_ttl_s, max_sessions=cfg.routing.max_sessions,
+        key_limits=key_limits(cfg))
+
+
+DEMAND_WINDOW_S = 5.0  # the offered rate a gateway publishes: requests over the last 5 s
 
 
 class LiveFleet:
@@ -79,10 +84,13 @@ class LiveFleet:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self.cfg = cfg
-        self.others: dict[str, int] = {}  # slots other gateways hold, per replica (shared.py)
-        self.share = 1  # > 1: the shared store is down; each cap is split this many ways
+        # this gateway's share of each replica's cap (shared.py); None: it counts alone
+        self.shares: dict[str, int] | None = None
+        self.others: dict[str, int] = {}  # other gateways' requests in flight, per replica
         self.state_up = True  # the shared store answers (always, in memory)
+        self.offered = DrainRate(DEMAND_WINDOW_S)  # arrivals, for the published demand
         self.core = Fleet({}, fleet_settings(cfg), step_time, trace)
+        self._key_limits = key_limits(cfg)
         self.ac = self.core.ac  # reads only: every change goes through self.core
         self.router = self.core.router
         self.apply(cfg)
@@ -91,19 +99,25 @@ class LiveFleet:
         return self.loop.time()
 
     def effective_cap(self, rep: LiveReplica) -> int:
-        """The cap this gateway's core enforces: the replica's cap minus what other gateways
-        hold; with the shared store down, this gateway's share of it."""
-        if self.share > 1:
-            return max(1, rep.cap // self.share) if rep.cap > 0 else 0
-        return max(0, rep.cap - self.others.get(rep.name, 0))
+        """The cap this gateway's core enforces: the replica's cap, or with several gateways
+        this gateway's share of it (never more than the cap)."""
+        if self.shares is None:
+            return rep.cap
+        return min(rep.cap, self.shares.get(rep.name, 0))
 
-    def set_others(self, others: dict[str, int]) -> None:
-        self.others = others
+    def set_shares(self, shares: dict[str, int]) -> None:
+        self.shares = dict(shares)
         self._push_caps()
 
-    def set_share(self, share: int) -> None:
-        self.share = max(1, share)
-        self._push_caps()
+    def in_flight(self, name: str) -> int:
+        return self.ac.in_flight(name)
+
+    def demand(self) -> Demand:
+        """What this gateway's clients ask for now: requests offered per second over the
+        window, and requests queued or in flight."""
+        now = self.now()
+        need = self.ac.queue_depth() + sum(self.ac.in_flight(n) for n in self.replicas)
+        return Demand(self.offered.rate(now), need)
 
     def _push_caps(self) -> None:
         now = self.now()
@@ -123,6 +137,10 @@ class LiveFleet:
         decisions: list[Decision] = []
         if cfg.queue_depth != self.ac.max_queue_depth:
             decisions += self.core.set_queue_depth(cfg.queue_depth, now)
+        limits = key_limits(cfg)
+        if limits != self._key_limits:
+            self.core.set_key_limits(limits, now)
+            self._key_limits = limits
         wanted = {r.name: r for r in cfg.replicas}
         for name, rep in list(self.replicas.items()):
             if name not in wanted or wanted[name].url != rep.config.url:
@@ -194,7 +212,9 @@ class LiveFleet:
     # --- admission ----------------------------------------------------------------------------
     def offer(self, req: FleetRequest) -> Decision | asyncio.Future[Decision]:
         """The request's decision now, or a future that resolves when it is admitted or shed."""
-        return self._first(req, self.core.offer(req, self.now()))
+        now = self.now()
+        self.offered.observe(now)
+        return self._first(req, self.core.offer(req, now))
 
     async def acquire(self, req: FleetRequest) -> Decision:
         """Admitted or shed; a cancelled wait leaves the queue (or releases the slot that was
@@ -231,11 +251,12 @@ class LiveFleet:
                     and not got.cancelled():
                 d = got.result()
                 if d.admitted and d.replica is not None:
-                    self.release(d.replica)
+                    self.release(d.replica, req.key)
             raise
 
-    def release(self, replica: str) -> None:
-        self.dispatch(self.core.release(replica, self.now()))
+    def release(self, replica: str, key: str | None = None) -> None:
+        """A request (under API key `key`) at `replica` is done with its slot."""
+        self.dispatch(self.core.release(replica, self.now(), key))
 
     def observe_usage(self, key: str | None, prompt: int | None, cached: int | None) -> None:
         self.core.observe_usage(key, prompt, cached, self.now())
@@ -284,6 +305,7 @@ class LiveFleet:
             queue_depth=self.ac.queue_depth(),
             in_flight={n: self.ac.in_flight(n) for n in self.replicas},
             caps={n: r.cap for n, r in self.replicas.items()},
+            shares={n: self.effective_cap(r) for n, r in self.replicas.items()},
             healthy={n: r.serving for n, r in self.replicas.items()},
             sessions=sessions, routes={str(k): v for k, v in self.core.num_routes.items()},
             state_up=int(self.state_up), others=dict(self.others),

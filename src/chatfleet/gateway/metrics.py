@@ -62,7 +62,6 @@ class GatewayMetrics:
     prefix_mismatches: int = 0
     reloads: int = 0
     slow_clients: int = 0  # cut off for not reading their answer
-    lease_conflicts: int = 0  # another gateway took the last slot first
     state_failures: int = 0  # times the shared store stopped answering
     chunks: int = 0
     client_connections: int = 0  # open now (gateway/connections.py)
@@ -70,12 +69,20 @@ class GatewayMetrics:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
 
+    def count(self, outcome: str, *, slow_client: bool = False) -> None:
+        """How one request ended (the relay's Outcome): the one place requests are counted.
+        A cancelled request's client went away (or was cut off for not reading: slow)."""
+        outcome = str(outcome)
+        self.requests[outcome] += 1
+        if outcome == "cancelled":
+            self.client_disconnects += 1
+            if slow_client:
+                self.slow_clients += 1
+
     def client_left(self, slow: bool = False) -> None:
-        """A request ended because its client went away (or was cut off for not reading)."""
-        self.client_disconnects += 1
-        self.requests["cancelled"] += 1
-        if slow:
-            self.slow_clients += 1
+        """A request whose client went away before it reached the relay (while sending its
+        body): the same count as the relay's cancelled outcome."""
+        self.count("cancelled", slow_client=slow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,7 @@ class Gauges:
     queue_depth: int
     in_flight: dict[str, int]
     caps: dict[str, int]
+    shares: dict[str, int]  # this gateway's share of each cap (the cap itself, alone)
     healthy: dict[str, bool]
     sessions: int
     routes: dict[str, int]  # admissions by routing rule (core.fleet.Fleet.num_routes)
@@ -126,10 +134,8 @@ class _Collector:
             ("config_reloads", m.reloads, "Configuration reloads applied."),
             ("slow_clients", m.slow_clients, "Clients cut off because more than 1 MiB of "
              "their answer sat unread in the gateway."),
-            ("lease_conflicts", m.lease_conflicts, "Admissions undone because another gateway "
-             "took the replica's last slot first (the request went back to the queue)."),
             ("state_failures", m.state_failures, "Times the shared state store stopped "
-             "answering (each cap fell back to this gateway's share)."),
+             "answering (this gateway kept the shares it last had confirmed)."),
             ("chunks", m.chunks, "Stream chunks relayed."),
         ):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
@@ -151,6 +157,8 @@ class _Collector:
         for name, values, doc in (
             ("in_flight", g.in_flight, "Requests in flight per replica."),
             ("cap", g.caps, "Per-replica cap on requests in flight (fleet-wide)."),
+            ("share", g.shares, "This gateway's share of each replica's cap: what its own "
+             "requests may hold there (the whole cap with --state memory)."),
             ("other_gateways_in_flight", g.others, "Requests other gateways have in flight "
              "per replica (shared state)."),
             ("replica_healthy", {k: int(v) for k, v in g.healthy.items()},

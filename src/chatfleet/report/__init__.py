@@ -14,7 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatfleet.io import write_atomic
+from chatfleet.report.html import render_html
 from chatfleet.report.load import ReportInputError, Sweep, load_sweep, load_sweeps
+from chatfleet.report.markdown import render_markdown
+from chatfleet.report.plots import all_plots
 from chatfleet.report.proof import PROOF_SCHEMA, LiveProof, load_live_proof
 
 __all__ = [
@@ -56,10 +60,6 @@ def default_title(sweeps: Sequence[Sweep]) -> str:
 def render_report(sweeps: Sequence[Sweep], title: str | None = None,
                   proof: LiveProof | None = None) -> tuple[str, str]:
     """(HTML, Markdown) of the report over loaded sweeps, with the live proof when given."""
-    from chatfleet.report.html import render_html
-    from chatfleet.report.markdown import render_markdown
-    from chatfleet.report.plots import all_plots
-
     title = title or default_title(sweeps)
     return (render_html(sweeps, all_plots(sweeps), title, proof),
             render_markdown(sweeps, title, proof))
@@ -89,10 +89,7 @@ def build_report(
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise ReportInputError(f"cannot write {path}: {exc}") from exc

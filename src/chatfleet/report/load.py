@@ -34,8 +34,9 @@ from chatfleet.core.documents.sweep import (
     Target,
     points_from_json,
 )
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.knee import sweep_document
-from chatfleet.core.measure.slo import SLO
+from chatfleet.core.slo import SLO
 
 SWEEP_FILE = "sweep.json"
 RUNS_FILE = "runs.jsonl"
@@ -43,7 +44,7 @@ META_FILE = "meta.json"
 SUMMARY_KEYS = ("knee", "knee_rate", "throughput_peak", "recommended_cap")
 
 
-class ReportInputError(ValueError):
+class ReportInputError(ChatfleetError):
     """The report's input is missing or is not a readable chatfleet.sweep/1 sweep."""
 
 

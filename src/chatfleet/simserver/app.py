@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from chatfleet import __version__
 from chatfleet.core.engine.scheduler import Scheduler
-from chatfleet.datasets import QwenTokenizer
+from chatfleet.data.tokenizer import QwenTokenizer
 from chatfleet.simserver.api import (
     AbortRequest,
     ChatCompletionRequest,

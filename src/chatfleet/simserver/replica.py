@@ -23,6 +23,7 @@ import orjson
 from chatfleet.core.engine.build import EngineSpec, build_engine, thermal_profile_of
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.step import Step
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.simserver.generation import Answer
 from chatfleet.simserver.metrics import ReplicaMetrics
 from chatfleet.simserver.vllm_metrics import VLLMReplicaMetrics
@@ -120,7 +121,7 @@ class Replica:
     def __init__(self, name: str, spec: EngineSpec, *, time_scale: float = 1.0, seed: int = 0,
                  trace: TraceWriter | None = None, served_model_name: str = "qwen3-8b") -> None:
         if not (math.isfinite(time_scale) and time_scale > 0):
-            raise ValueError("time scale must be a positive finite number")
+            raise ChatfleetError("time scale must be a positive finite number")
         self.name = name
         self.spec = spec
         self.sched = build_engine(spec)

@@ -48,11 +48,13 @@ from chatfleet.core.calibration import (
     calibration_to_json,
     fit_point,
 )
-from chatfleet.core.documents.fields import DocumentError
+from chatfleet.core.defaults import DURATION_S, WARMUP_S
 from chatfleet.core.documents.sweep import ClosedLoad, SweepDoc, SweepPoint, Target
 from chatfleet.core.engine.build import ENGINE_MODELS, EngineSpec
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.data.sharegpt import cached_sharegpt_length_pairs
 from chatfleet.twin.run import run_point
 
 # the per-sequence bisection: at most this many replays, stopping within this share of the
@@ -73,15 +75,12 @@ def load_sweep(path: Path) -> SweepDoc:
     try:
         doc = orjson.loads(path.read_bytes())
     except FileNotFoundError:
-        raise ValueError(f"no sweep document at {path}") from None
+        raise ChatfleetError(f"no sweep document at {path}") from None
     except orjson.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from None
+        raise ChatfleetError(f"{path} is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != "chatfleet.sweep/1":
-        raise ValueError(f"{path} is not a chatfleet.sweep/1 document")
-    try:
-        return SweepDoc.from_json(doc, str(path))
-    except DocumentError as exc:
-        raise ValueError(str(exc)) from None
+        raise ChatfleetError(f"{path} is not a chatfleet.sweep/1 document")
+    return SweepDoc.from_json(doc, str(path))  # a DocumentError is a ChatfleetError
 
 
 def workload_from_json(w: Mapping[str, Any]) -> tuple[WorkloadConfig, str | None]:
@@ -94,8 +93,6 @@ def workload_from_json(w: Mapping[str, Any]) -> tuple[WorkloadConfig, str | None
                           float(lengths.get("range_ratio", 0.0)),
                           lengths.get("convention", "sglang"))
     elif kind == "sharegpt":
-        from chatfleet.datasets import cached_sharegpt_length_pairs
-
         spec = LengthSpec("sharegpt", pairs=tuple(cached_sharegpt_length_pairs()))
     else:
         spec = LengthSpec("fixed", max(1, round(lengths["mean_input_len"])),
@@ -168,21 +165,21 @@ def choose_fit_points(points: list[SweepPoint], engine_model: str,
     """The closed-loop points the fit uses, concurrency 1 first."""
     closed = {p.load.concurrency: p for p in points if isinstance(p.load, ClosedLoad)}
     if 1 not in closed:
-        raise ValueError("calibration needs a valid concurrency-1 point in the sweep")
+        raise ChatfleetError("calibration needs a valid concurrency-1 point in the sweep")
     if fit_points is None:
         others = [c for c in sorted(closed) if 1 < c <= 16]
         fit_points = [1, others[-1]] if engine_model == "vllm" and others else [1]
     wanted = list(dict.fromkeys(int(c) for c in fit_points))
     if not wanted or wanted[0] != 1:
-        raise ValueError("--fit-points must start with 1 (the concurrency-1 point)")
+        raise ChatfleetError("--fit-points must start with 1 (the concurrency-1 point)")
     if len(wanted) > (2 if engine_model == "vllm" else 1):
-        raise ValueError(f"the {engine_model} model fits "
-                         + ("two points (1 and one more)" if engine_model == "vllm"
+        raise ChatfleetError(f"the {engine_model} model fits "
+                             + ("two points (1 and one more)" if engine_model == "vllm"
                             else "one point (concurrency 1)"))
     missing = [c for c in wanted if c not in closed]
     if missing:
-        raise ValueError(f"the sweep has no valid closed-loop point at concurrency "
-                         f"{', '.join(map(str, missing))} (it has {sorted(closed)})")
+        raise ChatfleetError(f"the sweep has no valid closed-loop point at concurrency "
+                             f"{', '.join(map(str, missing))} (it has {sorted(closed)})")
     return [closed[c] for c in wanted]
 
 
@@ -200,11 +197,11 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
     w = weights or target.weights
     kv = kv_cache or target.kv_cache
     if not gpu_name or not w or not kv:
-        raise ValueError("the sweep's target does not name its GPU and precisions: pass "
-                         "--gpu, --weights and --kv-cache")
+        raise ChatfleetError("the sweep's target does not name its GPU and precisions: pass "
+                             "--gpu, --weights and --kv-cache")
     em = engine_model or engine_model_of(target)
     if em not in ENGINE_MODELS:
-        raise ValueError(f"unknown engine model {em!r}: {' or '.join(ENGINE_MODELS)}")
+        raise ChatfleetError(f"unknown engine model {em!r}: {' or '.join(ENGINE_MODELS)}")
     card = get_gpu(gpu_name)
     mdl = builtin_model(model_name)
     prec = precision(w, kv)
@@ -236,16 +233,16 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
 
     if frontend_s == "auto":
         if em != "vllm" or len(fitted) < 2:
-            raise ValueError("--frontend-ms auto needs the vllm model and a second fit point")
+            raise ChatfleetError("--frontend-ms auto needs the vllm model and a second fit point")
     elif (not isinstance(frontend_s, float | int) or not math.isfinite(frontend_s)
           or frontend_s < 0):
-        raise ValueError("the front-end time must be a number of seconds >= 0, or auto")
+        raise ChatfleetError("the front-end time must be a number of seconds >= 0, or auto")
     elif frontend_s and em != "vllm":
-        raise ValueError("the front-end time belongs to the vllm model")
+        raise ChatfleetError("the front-end time belongs to the vllm model")
     fixed_frontend = 0.0 if frontend_s == "auto" else float(frontend_s)
     cal = fit_one(fixed_frontend, 0.0)
-    duration = float(doc.workload.get("duration_s", 300.0))
-    warmup = float(doc.workload.get("warmup_s", 30.0))
+    duration = float(doc.workload.get("duration_s", DURATION_S))
+    warmup = float(doc.workload.get("warmup_s", WARMUP_S))
 
     def spec_of(c: Calibration) -> EngineSpec:
         kw: dict[str, Any] = dict(settings)
@@ -371,9 +368,9 @@ def load_profile(path: Path) -> tuple[Calibration, dict[str, Any]]:
     try:
         doc = orjson.loads(path.read_bytes())
     except FileNotFoundError:
-        raise ValueError(f"no profile at {path}") from None
+        raise ChatfleetError(f"no profile at {path}") from None
     except orjson.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from None
+        raise ChatfleetError(f"{path} is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
-        raise ValueError(f"{path} is not a {PROFILE_SCHEMA} profile")
+        raise ChatfleetError(f"{path} is not a {PROFILE_SCHEMA} profile")
     return calibration_from_json(doc["calibration"]), doc

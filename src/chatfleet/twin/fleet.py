@@ -18,15 +18,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatfleet.core.defaults import DURATION_S, SEED, TWIN_DRAIN_S, WARMUP_S
 from chatfleet.core.documents.sweep import FleetBlock, Load
 from chatfleet.core.engine.build import EngineSpec, build_engine
 from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
 from chatfleet.core.measure.point import summarize_point
-from chatfleet.core.measure.slo import SLO
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import (
     ClosedLoop,
     OpenLoop,
@@ -56,9 +58,11 @@ MEASURED_HOP_S = 0.002
 class FleetConfig:
     replicas: int
     cap: int
-    queue_depth: int = 64
-    ttft_budget_s: float = 1.0
-    prefill_reserve_s: float = 0.0  # the queue deadline is arrival + budget - this
+    # the defaults are the fleet core's (FleetSettings), as the gateway's config's are
+    queue_depth: int = FleetSettings().queue_depth
+    ttft_budget_s: float = FleetSettings().ttft_budget_s
+    # the queue deadline is arrival + budget - this
+    prefill_reserve_s: float = FleetSettings().prefill_reserve_s
     affinity: bool = True  # sessions to their replica (rendezvous + spill rule); else least-loaded
     # gateway <-> engine, one way: an admitted request reaches its engine this much later, and
     # a finished one frees its slot at the gateway this much later. With a delay, a request
@@ -67,10 +71,10 @@ class FleetConfig:
 
     def __post_init__(self) -> None:
         if self.hop_s < 0:
-            raise ValueError("hop_s must not be negative")
+            raise ChatfleetError("hop_s must not be negative")
         if self.replicas < 1 or self.cap < 1 or self.queue_depth < 0:
-            raise ValueError("a fleet needs at least 1 replica, a cap of at least 1 and a "
-                             "queue depth of at least 0")
+            raise ChatfleetError("a fleet needs at least 1 replica, a cap of at least 1 and a "
+                                 "queue depth of at least 0")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -228,10 +232,10 @@ def run_fleet_point(
     load: Load,
     fleet: FleetConfig,
     *,
-    duration_s: float = 300.0,
-    warmup_s: float = 30.0,
-    seed: int = 1,
-    drain_s: float = 600.0,
+    duration_s: float = DURATION_S,
+    warmup_s: float = WARMUP_S,
+    seed: int = SEED,
+    drain_s: float = TWIN_DRAIN_S,
     slo: SLO | None = None,
     replica_names: list[str] | None = None,
     trace: FleetTrace | None = None,

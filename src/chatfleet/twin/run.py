@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatfleet import __version__
+from chatfleet.core.defaults import DURATION_S, SEED, TWIN_DRAIN_S, WARMUP_S
 from chatfleet.core.documents.sweep import (
     ClockStats,
     EngineBlock,
@@ -32,10 +33,11 @@ from chatfleet.core.engine.build import (
 )
 from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.percentiles import time_weighted_percentile
 from chatfleet.core.measure.point import summarize_point
-from chatfleet.core.measure.slo import SLO
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import (
     ClosedLoop,
     OpenLoop,
@@ -181,10 +183,10 @@ def run_point(
     wcfg: WorkloadConfig,
     load: Load,
     *,
-    duration_s: float = 300.0,
-    warmup_s: float = 30.0,
-    seed: int = 1,
-    drain_s: float = 600.0,
+    duration_s: float = DURATION_S,
+    warmup_s: float = WARMUP_S,
+    seed: int = SEED,
+    drain_s: float = TWIN_DRAIN_S,
     slo: SLO | None = None,
     replicas: int = 1,
     route: Route = route_by_user,
@@ -194,15 +196,15 @@ def run_point(
     With `replicas` > 1 the users are spread over that many identical engines by `route`
     (the seam the gateway's admission and routing plug into)."""
     if duration_s <= 0 or warmup_s < 0 or drain_s < 0:
-        raise ValueError("duration must be positive, warm-up and drain not negative")
+        raise ChatfleetError("duration must be positive, warm-up and drain not negative")
     if replicas < 1:
-        raise ValueError("replicas must be at least 1")
+        raise ChatfleetError("replicas must be at least 1")
     slo = slo or SLO()
     scheds = [build_engine(spec) for _ in range(replicas)]
     sched = scheds[0]
     need = wcfg.max_context_tokens()
     if need > sched.capacity_tokens:
-        raise ValueError(
+        raise ChatfleetError(
             f"a session can reach {need} tokens (system prompt + turns), more than the "
             f"{sched.capacity_tokens}-token KV pool holds"
         )

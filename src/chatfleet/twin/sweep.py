@@ -10,11 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
 from chatfleet.core.documents.sweep import Load, SweepDoc, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.measure.knee import sweep_document
-from chatfleet.core.measure.slo import SLO
 from chatfleet.core.refine import RefinePolicy
+from chatfleet.core.slo import SLO
 from chatfleet.core.sweep import Sweep
 from chatfleet.core.workload import WorkloadConfig
 from chatfleet.twin.fleet import FleetConfig, run_fleet_point
@@ -48,9 +49,9 @@ class TwinSweep:
     spec: EngineSpec
     workload: WorkloadConfig
     slo: SLO
-    duration_s: float = 300.0
-    warmup_s: float = 30.0
-    seed: int = 1
+    duration_s: float = DURATION_S
+    warmup_s: float = WARMUP_S
+    seed: int = SEED
     fleet: FleetConfig | None = None
     cap_margin: int = 0
     refine_policy: RefinePolicy = field(default_factory=RefinePolicy)

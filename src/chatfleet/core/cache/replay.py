@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from chatfleet.core.cache.trace import Turn, check_trace, common_prefix_len, sessions_of, sort_trace
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.engine.radix import EVICTION_POLICIES, RadixCache
+from chatfleet.core.errors import ChatfleetError
 
 DEFAULT_POLICY = "lru"
 
@@ -43,13 +44,13 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         if self.pool_tokens <= 0:
-            raise ValueError(f"pool tokens must be positive, got {self.pool_tokens}")
+            raise ChatfleetError(f"pool tokens must be positive, got {self.pool_tokens}")
         if self.host_pool_tokens < 0:
-            raise ValueError(f"host pool tokens must not be negative, got "
-                             f"{self.host_pool_tokens}")
+            raise ChatfleetError(f"host pool tokens must not be negative, got "
+                                 f"{self.host_pool_tokens}")
         if self.policy not in EVICTION_POLICIES:
-            raise ValueError(f"unknown eviction policy {self.policy!r}; one of "
-                             f"{', '.join(EVICTION_POLICIES)}")
+            raise ChatfleetError(f"unknown eviction policy {self.policy!r}; one of "
+                                 f"{', '.join(EVICTION_POLICIES)}")
 
     def engine_spec(self, base: EngineSpec) -> EngineSpec:
         """`base` (GPU, model, precision, calibration) with this pool, policy and host tier;

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from chatfleet.core.defaults import SYSTEM_PROMPT_TOKENS
 from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.workload import LengthSpec, Workload, WorkloadConfig, WorkloadError
 
@@ -122,7 +123,7 @@ class SyntheticConfig:
 
     sessions: int = 24
     turns: int = 8
-    system_prompt_tokens: int = 2048
+    system_prompt_tokens: int = SYSTEM_PROMPT_TOKENS
     user_tokens: int = 128
     answer_tokens: int = 256
     length_spread: float = 0.5  # lengths uniform in [len x (1 - r), len x (1 + r)]

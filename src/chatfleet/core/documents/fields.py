@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from chatfleet.core.errors import ChatfleetError
+
 T = TypeVar("T")
 Extra = Mapping[str, Any]  # a type's unknown keys, in file order
 JsonObject = dict[str, Any]  # a JSON object as a file holds it: what to_json returns
@@ -30,8 +32,9 @@ def no_extra() -> Extra:
     return {}
 
 
-class DocumentError(ValueError):
-    """A document's JSON does not have the shape its type needs."""
+class DocumentError(ChatfleetError):
+    """A document's JSON does not have the shape its type needs (bad input: one line, exit
+    2 on the command line)."""
 
 
 def obj(data: Any, where: str) -> Mapping[str, Any]:

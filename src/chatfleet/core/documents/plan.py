@@ -47,7 +47,7 @@ from chatfleet.core.documents.fields import (
     with_extra,
 )
 from chatfleet.core.documents.sweep import Knee, Load, SweepDoc, load_from_json
-from chatfleet.core.measure.slo import SLO
+from chatfleet.core.slo import SLO
 
 __all__ = [  # the plan's types, wherever they live
     "PLAN_SCHEMA", "AccuracyVerdict", "Cooling", "CoolingProfile", "Doubling", "DoublingRun",

@@ -71,7 +71,7 @@ from chatfleet.core.documents.load import (
     check_mode,
     load_from_json,
 )
-from chatfleet.core.measure.slo import SLO
+from chatfleet.core.slo import SLO
 
 __all__ = [  # the sweep document's types, wherever they live
     "MODES", "SCHEMA", "ClientBlock", "ClockStats", "ClosedLoad", "Cooldown", "EngineBlock",

@@ -29,6 +29,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from chatfleet.core.errors import ChatfleetError
+
 BLOCK_SIZE = 16  # vLLM's default for full attention on CUDA
 ROOT_HASH = 0x5EED_0F_C4A1_F1EE7  # parent of a request's first block (vLLM: NONE_HASH)
 TOKEN_BYTES = 8  # token ids as array("q") bytes
@@ -81,9 +83,9 @@ def common_blocks(a: bytes, b: bytes, most: int, block_size: int = BLOCK_SIZE) -
 class BlockPool:
     def __init__(self, num_gpu_blocks: int, block_size: int = BLOCK_SIZE) -> None:
         if block_size <= 0:
-            raise ValueError("block size must be positive")
+            raise ChatfleetError("block size must be positive")
         if num_gpu_blocks < 2:
-            raise ValueError("the KV pool needs at least 2 blocks (one is vLLM's null block)")
+            raise ChatfleetError("the KV pool needs at least 2 blocks (one is vLLM's null block)")
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
         self.num_usable = num_gpu_blocks - 1

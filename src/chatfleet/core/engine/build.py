@@ -19,6 +19,7 @@ from chatfleet.core.engine.scheduler import Scheduler, SchedulerConfig
 from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.engine.thermal import ThermalState
 from chatfleet.core.engine.vllm_scheduler import VLLMConfig, VLLMScheduler
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.memory import CALIBRATED_GPUS, PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
 from chatfleet.core.specs import GPU, Model, Precision
 
@@ -47,17 +48,17 @@ class EngineSpec:
 
     def __post_init__(self) -> None:
         if self.engine_model not in ENGINE_MODELS:
-            raise ValueError(f"unknown engine model {self.engine_model!r}: "
-                             f"{' or '.join(ENGINE_MODELS)}")
+            raise ChatfleetError(f"unknown engine model {self.engine_model!r}: "
+                                 f"{' or '.join(ENGINE_MODELS)}")
         if self.engine_model == "vllm":
             if self.host_pool_tokens:
-                raise ValueError("the vLLM model has no host tier (HiCache is SGLang's)")
+                raise ChatfleetError("the vLLM model has no host tier (HiCache is SGLang's)")
             if self.schedule_policy != "fcfs" or self.eviction_policy != "lru":
-                raise ValueError("the vLLM model schedules FCFS and evicts from its free-block "
-                                 "queue: --schedule-policy and --eviction are SGLang's")
+                raise ChatfleetError("the vLLM model schedules FCFS and evicts from its free-block "
+                                     "queue: --schedule-policy and --eviction are SGLang's")
         elif self.max_num_batched_tokens is not None or self.long_prefill_token_threshold:
-            raise ValueError("--max-num-batched-tokens and --long-prefill-token-threshold are "
-                             "vLLM's: pick --engine-model vllm")
+            raise ChatfleetError("--max-num-batched-tokens and --long-prefill-token-threshold are "
+                                 "vLLM's: pick --engine-model vllm")
 
     @property
     def is_calibrated(self) -> bool:

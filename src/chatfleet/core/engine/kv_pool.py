@@ -7,13 +7,15 @@ reports its own (`RadixCache.total_size`). Free = capacity - tree - requests.
 
 from __future__ import annotations
 
+from chatfleet.core.errors import ChatfleetError
+
 
 class KVPool:
     def __init__(self, capacity_tokens: int, page_size: int = 1) -> None:
         if capacity_tokens <= 0:
-            raise ValueError("the KV pool must hold at least one token")
+            raise ChatfleetError("the KV pool must hold at least one token")
         if page_size <= 0:
-            raise ValueError("page size must be positive")
+            raise ChatfleetError("page size must be positive")
         self.capacity_tokens = capacity_tokens - capacity_tokens % page_size
         self.page_size = page_size
         self.num_request_tokens = 0

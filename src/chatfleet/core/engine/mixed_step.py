@@ -20,6 +20,7 @@ memory clock, as in step_time.py.
 from __future__ import annotations
 
 from chatfleet.core.engine.step_time import StepConstants, StepTimeModel, attention_pairs
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import GPU, Model, Precision
 
 
@@ -28,9 +29,9 @@ class MixedStepModel(StepTimeModel):
                  per_seq_s: float, max_num_batched_tokens: int, cuda_graph_max_bs: int) -> None:
         super().__init__(model, gpu, prec, c)
         if per_seq_s < 0:
-            raise ValueError("the per-sequence cost must not be negative")
+            raise ChatfleetError("the per-sequence cost must not be negative")
         if max_num_batched_tokens <= 0:
-            raise ValueError("max_num_batched_tokens must be positive")
+            raise ChatfleetError("max_num_batched_tokens must be positive")
         self.per_seq_s = per_seq_s
         self.max_num_batched_tokens = max_num_batched_tokens
         self.cuda_graph_max_bs = cuda_graph_max_bs

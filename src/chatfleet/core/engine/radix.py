@@ -38,6 +38,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from chatfleet.core.errors import ChatfleetError
+
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "slru", "priority")
 
 SLRU_PROTECTED_HITS = 2  # SGLang's SLRUStrategy protected_threshold
@@ -218,9 +220,9 @@ class RadixCache:
     def __init__(self, policy: str = "lru", host_capacity_tokens: int = 0) -> None:
         policy = policy.lower()
         if policy not in _EVICT_KEYS:
-            raise ValueError(f"unknown eviction policy {policy!r}; one of {EVICTION_POLICIES}")
+            raise ChatfleetError(f"unknown eviction policy {policy!r}; one of {EVICTION_POLICIES}")
         if host_capacity_tokens < 0:
-            raise ValueError(f"host_capacity_tokens must be >= 0, got {host_capacity_tokens}")
+            raise ChatfleetError(f"host_capacity_tokens must be >= 0, got {host_capacity_tokens}")
         self.policy = policy
         self.host_capacity_tokens = host_capacity_tokens
         self._evict_key = _EVICT_KEYS[policy]

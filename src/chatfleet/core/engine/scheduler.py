@@ -37,6 +37,7 @@ from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.step import Step, StepResult
 from chatfleet.core.engine.step_time import StepTimeModel, attention_pairs
 from chatfleet.core.engine.thermal import ThermalState
+from chatfleet.core.errors import ChatfleetError
 
 CLIP_MAX_NEW_TOKENS = 4096
 SCHEDULE_POLICIES = ("fcfs", "lpm")
@@ -60,15 +61,15 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.pool_tokens <= 0:
-            raise ValueError("pool_tokens must be positive")
+            raise ChatfleetError("pool_tokens must be positive")
         if self.chunked_prefill_size <= 0:
-            raise ValueError("chunked_prefill_size must be positive")
+            raise ChatfleetError("chunked_prefill_size must be positive")
         if self.max_running_requests is not None and self.max_running_requests <= 0:
-            raise ValueError("max_running_requests must be positive")
+            raise ChatfleetError("max_running_requests must be positive")
         if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"unknown schedule policy {self.schedule_policy!r}")
+            raise ChatfleetError(f"unknown schedule policy {self.schedule_policy!r}")
         if self.host_pool_tokens < 0:
-            raise ValueError("host pool tokens must not be negative")
+            raise ChatfleetError("host pool tokens must not be negative")
 
     @property
     def max_running(self) -> int:

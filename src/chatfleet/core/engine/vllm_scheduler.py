@@ -71,6 +71,7 @@ from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.step import Step, StepKind, StepResult
 from chatfleet.core.engine.step_time import attention_pairs
 from chatfleet.core.engine.thermal import ThermalState
+from chatfleet.core.errors import ChatfleetError
 
 Mode = Literal["waiting", "prefill", "decode", "done"]
 KEY_MEMO_ENTRIES = 1024  # distinct first blocks whose latest hash chain is kept for reuse
@@ -94,19 +95,19 @@ class VLLMConfig:
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 2:
-            raise ValueError("the KV pool must hold at least 2 blocks")
+            raise ChatfleetError("the KV pool must hold at least 2 blocks")
         if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be at least 1")
+            raise ChatfleetError("max_num_seqs must be at least 1")
         if self.max_num_batched_tokens < self.max_num_seqs:
             # vLLM's SchedulerConfig refuses it too: every running decode needs a token
-            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
-                             f"at least max_num_seqs ({self.max_num_seqs})")
+            raise ChatfleetError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                                 f"at least max_num_seqs ({self.max_num_seqs})")
         if self.long_prefill_token_threshold < 0:
-            raise ValueError("long_prefill_token_threshold must not be negative")
+            raise ChatfleetError("long_prefill_token_threshold must not be negative")
         if self.max_model_len < 1:
-            raise ValueError("max_model_len must be positive")
+            raise ChatfleetError("max_model_len must be positive")
         if self.frontend_s < 0:
-            raise ValueError("the front-end time must not be negative")
+            raise ChatfleetError("the front-end time must not be negative")
 
     @property
     def pool_tokens(self) -> int:

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from chatfleet.core.errors import ChatfleetError
+
 Transition = Literal["ready", "ejected", "readmitted"]
 
 
@@ -37,7 +39,7 @@ class ReplicaHealth:
 
     def __post_init__(self) -> None:
         if self.eject_after_failures < 1 or self.readmit_after_successes < 1:
-            raise ValueError("eject_after_failures and readmit_after_successes must be >= 1")
+            raise ChatfleetError("eject_after_failures and readmit_after_successes must be >= 1")
 
     @property
     def serving(self) -> bool:

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import Decision, FleetRequest, FleetView
 from chatfleet.core.fleet.session import SessionTable
 
@@ -148,7 +149,7 @@ class Router:
     def __init__(self, step_time: RecomputeModel, sessions: SessionTable | None = None, *,
                  shared_prefix_tokens: int = 0) -> None:
         if shared_prefix_tokens < 0:
-            raise ValueError("shared_prefix_tokens must not be negative")
+            raise ChatfleetError("shared_prefix_tokens must not be negative")
         self.step_time = step_time
         self.sessions = sessions if sessions is not None else SessionTable()
         self.shared_prefix_tokens = shared_prefix_tokens

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from chatfleet.core.errors import ChatfleetError
+
 DEFAULT_SESSION_TTL_S = 600.0
 SESSION_ENTRY_OVERHEAD_BYTES = 300
 DEFAULT_MAX_SESSION_BYTES = 64 * 1024 * 1024  # about 190,000 sessions of the longest keys
@@ -47,12 +49,12 @@ class SessionTable:
                  max_sessions: int | None = None,
                  max_bytes: int | None = DEFAULT_MAX_SESSION_BYTES) -> None:
         if ttl_s <= 0:
-            raise ValueError("the session TTL must be positive")
+            raise ChatfleetError("the session TTL must be positive")
         if max_sessions is not None and max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
+            raise ChatfleetError("max_sessions must be at least 1")
         if max_bytes is not None and max_bytes < SESSION_ENTRY_OVERHEAD_BYTES:
-            raise ValueError(f"max_bytes must be at least {SESSION_ENTRY_OVERHEAD_BYTES} "
-                             "(one entry)")
+            raise ChatfleetError(f"max_bytes must be at least {SESSION_ENTRY_OVERHEAD_BYTES} "
+                                 "(one entry)")
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
         self.max_bytes = max_bytes

@@ -1,6 +1,5 @@
 """The metrics math, one concept a module (docs/metrics.md states the definitions for users):
 
-- `slo`: the latency target and the tolerance of every verdict;
 - `itl`: stream chunks to per-token arrival times;
 - `request`: per-request figures (TTFT, TPOT, e2e, the per-request ITL statistic, the verdict,
   requests in flight): the scalar reference definitions, and the vectorised form a sweep point
@@ -11,5 +10,6 @@
 - `knee`: the knee, the throughput peak, the recommended cap, the bisection of a bracket, and
   the sweep document's summary.
 
-`chatfleet.core.metrics` re-exports all of it for one release.
+The latency target itself, `SLO` with the tolerance of every verdict, is `core/slo.py`: the
+documents carry it too. `chatfleet.core.metrics` re-exports all of it for one release.
 """

@@ -26,7 +26,8 @@ from chatfleet.core.documents.sweep import (
     Target,
     check_mode,
 )
-from chatfleet.core.measure.slo import SLO
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.slo import SLO
 
 # Tolerance of the attainment comparison in the knee.
 ATTAINMENT_TOL = 1e-12
@@ -102,7 +103,7 @@ def recommended_cap(points: Iterable[SweepPoint], knee: Knee,
     `meets`.
     """
     if cap_margin_steps < 0:
-        raise ValueError("cap_margin_steps must be >= 0")
+        raise ChatfleetError("cap_margin_steps must be >= 0")
     meets = knee.meets
     if meets is None:
         return None

@@ -32,8 +32,8 @@ from chatfleet.core.documents.sweep import (
 )
 from chatfleet.core.measure.percentiles import FloatArray, percentiles_sorted
 from chatfleet.core.measure.request import figures, origin, output_token_count
-from chatfleet.core.measure.slo import SLO
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 
 # A point with fewer requests in its window than this is marked thin.
 THIN_REQUESTS = 200

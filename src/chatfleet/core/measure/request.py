@@ -24,8 +24,8 @@ from numpy.typing import NDArray
 
 from chatfleet.core.documents.sweep import Mode, check_mode
 from chatfleet.core.measure.percentiles import FloatArray, IntArray, segment_quantile
-from chatfleet.core.measure.slo import ITL_STATS, SLO, TOLERANCE_MS, ItlStat
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import ITL_STATS, SLO, TOLERANCE_MS, ItlStat
 
 # --------------------------------------------------------------------------------------------
 # The reference definitions (scalar: one record at a time)

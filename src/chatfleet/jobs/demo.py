@@ -22,15 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet.bench.client import StreamOutcome
-from chatfleet.bench.results import dumps, write_atomic
+from chatfleet.core.defaults import SEED
 from chatfleet.core.documents.plan import Plan, Recommendation
 from chatfleet.core.documents.sweep import ClosedLoad, Load, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.measure.knee import sweep_document
-from chatfleet.core.measure.slo import SLO
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
-from chatfleet.parity import FleetParity, run_fleet_parity
-from chatfleet.planner import PlanRequest, Progress, SessionProfile, make_plan
+from chatfleet.core.workload import SessionProfile
+from chatfleet.io import write_json
+from chatfleet.jobs.parity import FleetParity, run_fleet_parity
+from chatfleet.jobs.plan import PlanRequest, Progress, make_plan
 from chatfleet.report import PROOF_SCHEMA, build_report
 from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
 from chatfleet.twin.run import target_block
@@ -47,15 +49,9 @@ class DemoConfig:
     overload: float = 2.0  # the live load, in multiples of the fleet's cap
     replicas: int = 2
     cap_margin: int = 0  # the plan's default (docs/facts.md#the-method: meets is below `fails`)
-    seed: int = 1
+    seed: int = SEED
     live: bool = True
     profile: SessionProfile = field(default_factory=SessionProfile)  # the plan's and the live run's
-
-
-def write_json(path: Path, doc: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, dumps(doc))
-    return path
 
 
 def run_plan(cfg: DemoConfig, progress: Progress | None) -> Plan:

@@ -13,13 +13,20 @@ import orjson
 
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
+from chatfleet.core.defaults import TWIN_DRAIN_S
 from chatfleet.core.documents.sweep import ClosedLoad, EngineBlock, Load, SweepPoint
-from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.build import EngineSpec, step_time_model
+from chatfleet.core.fleet.fleet import FleetTrace, replay
 from chatfleet.core.measure.percentiles import percentiles
 from chatfleet.core.measure.point import summarize_point
-from chatfleet.core.measure.slo import SLO
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import ClosedLoop, Workload, WorkloadConfig, driver_for
+from chatfleet.gateway.app import Gateway
+from chatfleet.gateway.config import GatewayConfig, Overrides, Routing
+from chatfleet.gateway.fleet import DecisionLog, fleet_settings
+from chatfleet.gateway.server import serve_in_thread as gateway_in_thread
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
+from chatfleet.twin.fleet import run_fleet_point
 from chatfleet.twin.run import run_point
 
 
@@ -64,7 +71,7 @@ def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s
             async with make_session() as session:
                 driver = ClosedLoop(Workload(wcfg, random.Random(seed)), users)
                 return await drive(srv.urls, driver, completions_with_ids("qwen3-8b"),
-                                   window_end=end, drain_s=600.0, clock=Clock(time_scale),
+                                   window_end=end, drain_s=TWIN_DRAIN_S, clock=Clock(time_scale),
                                    session=session)
 
         res = asyncio.run(main())
@@ -181,14 +188,6 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
     front of simserver replicas (time scale 1: the gateway's clock is the wall clock). A shed
     closed-loop user waits its Retry-After and tries again; a shed open-loop session ends.
     `fleet` is a twin.fleet.FleetConfig."""
-    from chatfleet.core.engine.build import step_time_model
-    from chatfleet.core.fleet.fleet import FleetTrace, replay
-    from chatfleet.gateway.app import Gateway
-    from chatfleet.gateway.config import GatewayConfig, Overrides, Routing
-    from chatfleet.gateway.fleet import DecisionLog, fleet_settings
-    from chatfleet.gateway.server import serve_in_thread as gateway_in_thread
-    from chatfleet.twin.fleet import run_fleet_point
-
     names = [f"replica-{i}" for i in range(fleet.replicas)]
     end = warmup_s + duration_s
     twin: Outcomes = {}

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from chatfleet.core.errors import ChatfleetError
+
 ItlStat = Literal["mean", "p99", "max"]
 ITL_STATS: tuple[ItlStat, ...] = ("mean", "p99", "max")
 
@@ -41,13 +43,13 @@ class SLO:
 
     def __post_init__(self) -> None:
         if self.itl_stat not in ITL_STATS:
-            raise ValueError(f"itl_stat must be one of {ITL_STATS}, not {self.itl_stat!r}")
+            raise ChatfleetError(f"itl_stat must be one of {ITL_STATS}, not {self.itl_stat!r}")
         if not (self.ttft_ms > 0 and math.isfinite(self.ttft_ms)):
-            raise ValueError(f"ttft_ms must be a positive number, not {self.ttft_ms!r}")
+            raise ChatfleetError(f"ttft_ms must be a positive number, not {self.ttft_ms!r}")
         if not (self.tpot_ms > 0 and math.isfinite(self.tpot_ms)):
-            raise ValueError(f"tpot_ms must be a positive number, not {self.tpot_ms!r}")
+            raise ChatfleetError(f"tpot_ms must be a positive number, not {self.tpot_ms!r}")
         if not 0.0 < self.attainment <= 1.0:
-            raise ValueError(f"attainment must be in (0, 1], not {self.attainment!r}")
+            raise ChatfleetError(f"attainment must be in (0, 1], not {self.attainment!r}")
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet import __version__
+from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
 from chatfleet.core.documents.fields import DocumentError
 from chatfleet.core.documents.plan import (
     Cooling,
@@ -41,7 +42,6 @@ from chatfleet.core.documents.sweep import (
 )
 from chatfleet.core.engine.build import EngineSpec, thermal_profile_of
 from chatfleet.core.engine.thermal import cooling_need
-from chatfleet.core.measure.slo import SLO
 from chatfleet.core.memory import PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
 from chatfleet.core.plan import (
     PlanError,
@@ -55,8 +55,9 @@ from chatfleet.core.plan import (
     prefill_reserve_s,
     working_set_tokens,
 )
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import GIB, GPU, HF_MODEL_IDS, Model, precision
-from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.core.workload import SessionProfile
 from chatfleet.engines import SGLangAdapter, VLLMAdapter
 from chatfleet.engines.base import LaunchCommand
 from chatfleet.gateway.config import parse_config
@@ -70,32 +71,6 @@ VLLM_PORT = 8000
 
 # Progress: (what is running, finished steps, all steps).
 Progress = Callable[[str, int, int], None]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionProfile:
-    """What one user does: a session of `turns` turns of `input_len` user tokens (uniform
-    within +-range_ratio, vLLM's convention) and `output_len` answer tokens, `think_time_s`
-    apart, every prompt starting with the shared system prompt."""
-
-    input_len: int = 512
-    output_len: int = 128
-    range_ratio: float = 0.5
-    turns: int = 1
-    think_time_s: float = 0.0
-    system_prompt_tokens: int = 2048
-    prompt_groups: int = 1
-
-    def workload(self) -> WorkloadConfig:
-        return WorkloadConfig(
-            system_prompt_tokens=self.system_prompt_tokens, prompt_groups=self.prompt_groups,
-            lengths=LengthSpec("uniform", self.input_len, self.output_len, self.range_ratio,
-                               "vllm"),
-            turns=self.turns, think_time_s=self.think_time_s)
-
-    def history_tokens(self) -> float:
-        """A session's own tokens at its last turn (its history beyond the shared prompt)."""
-        return float(self.turns * (self.input_len + self.output_len))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +88,9 @@ class PlanRequest:
     mem_fraction: float | None = None
     grid: tuple[int, ...] = DEFAULT_GRID
     rates: tuple[float, ...] = DEFAULT_RATES
-    duration_s: float = 300.0
-    warmup_s: float = 30.0
-    seed: int = 1
+    duration_s: float = DURATION_S
+    warmup_s: float = WARMUP_S
+    seed: int = SEED
     doubling_hours: float = 1.0
     doubling_replicas: int = 2  # the slice of the fleet the what-if simulates
     eviction: str = "lru"
