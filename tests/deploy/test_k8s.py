@@ -129,9 +129,12 @@ def test_one_service_per_replica_and_the_gateway_config_points_at_them(example: 
     gw = objs[("Deployment", "chatfleet-gateway")]
     assert gw["spec"]["replicas"] == 2
     [c] = gw["spec"]["template"]["spec"]["containers"]
+    # the gateways know how many share Redis (their fallback share is cap // 2), and a rollout
+    # never runs a third beside them
     assert c["command"] == ["chatfleet", "gateway", "--config", "/etc/chatfleet/gateway.yaml",
-                            "--state", "redis://redis:6379/0", "--host", "0.0.0.0",
-                            "--port", "8080"]
+                            "--state", "redis://redis:6379/0", "--gateways", "2",
+                            "--host", "0.0.0.0", "--port", "8080"]
+    assert gw["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/health"
     assert ("Service", "redis") in objs and ("Service", "chatfleet-gateway") in objs
@@ -247,7 +250,8 @@ def gateway_metric_names() -> set[str]:
     m.ejections["r"] += 1
     m.ttft.observe(0.1)
     m.itl.observe(0.01)
-    gauges = Gauges(queue_depth=1, in_flight={"r": 1}, caps={"r": 4}, healthy={"r": True},
+    gauges = Gauges(queue_depth=1, in_flight={"r": 1}, caps={"r": 4}, shares={"r": 4},
+                    healthy={"r": True},
                     sessions=1, routes={"hit": 1}, state_up=1, others={"r": 0})
     text = exposition(registry(m, lambda: gauges)).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines()

@@ -101,3 +101,14 @@ def test_a_duplicate_key_is_refused_with_its_name_and_line(tmp_path: Path) -> No
     path.write_text("timeouts: {idle_s: 600}\nstate: {timeout_s: 0.5}\nhealth: {}\n"
                     "replicas: [{name: a, url: 'http://x:1'}, {name: b, url: 'http://x:2'}]\n")
     assert load_config(path).timeouts.idle_s == 600
+
+
+def test_the_gateways_flag_sets_state_gateways_and_is_checked() -> None:
+    """`chatfleet gateway --gateways N` (what `chatfleet launch` passes to each gateway it starts
+    on a shared state) wins over the file, as every flag does; below 1 it is refused."""
+    from chatfleet.gateway.config import GatewayConfig, Overrides
+
+    cfg = Overrides(("http://127.0.0.1:9",), 4, None, 3).apply(GatewayConfig())
+    assert cfg.state.gateways == 3
+    with pytest.raises(ConfigError, match="--gateways"):
+        Overrides(("http://127.0.0.1:9",), 4, None, 0).apply(GatewayConfig())

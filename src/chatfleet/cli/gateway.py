@@ -33,6 +33,10 @@ def gateway(
                                        "and reloaded when it changes."),
     state: str = typer.Option("memory", help="Where gateways share caps and sessions: memory "
                               "(one gateway) or redis://HOST:PORT/DB (several)."),
+    gateways: int | None = typer.Option(None, help="How many gateways share --state (the "
+                                        "config's state.gateways): without Redis each serves "
+                                        "cap // N, and a new one serves at once instead of "
+                                        "waiting a lease TTL for its share."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(8080, help="Port to bind (0: any free port)."),
     hash_key: bool = typer.Option(False, "--hash-key", help="Read an API key on stdin, print "
@@ -53,7 +57,7 @@ def gateway(
             if cap is not None:
                 fail("give --cap or --cap-from, not both")
             cap = cap_from_sweep(cap_from)
-        overrides = Overrides(tuple(replica), cap, queue_depth)
+        overrides = Overrides(tuple(replica), cap, queue_depth, gateways)
         cfg = overrides.apply(load_config(config))
         backend = backend_from(state, cfg.state.timeout_s)
         gw = Gateway(cfg, config_path=config, overrides=overrides,

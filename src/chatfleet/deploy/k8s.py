@@ -284,7 +284,8 @@ def gateway(plan: DeployPlan, opts: K8sOptions) -> list[dict[str, Any]]:
     container = {
         "name": "gateway", "image": opts.image_chatfleet,
         "command": ["chatfleet", "gateway", "--config", "/etc/chatfleet/gateway.yaml",
-                    "--state", f"redis://redis:{REDIS_PORT}/0", "--host", "0.0.0.0",
+                    "--state", f"redis://redis:{REDIS_PORT}/0",
+                    "--gateways", str(opts.gateways), "--host", "0.0.0.0",
                     "--port", str(GATEWAY_PORT)],
         "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "1", "memory": "512Mi"},
@@ -299,6 +300,11 @@ def gateway(plan: DeployPlan, opts: K8sOptions) -> list[dict[str, Any]]:
         {"apiVersion": "apps/v1", "kind": "Deployment",
          "metadata": _meta("chatfleet-gateway", ns, labels),
          "spec": {"replicas": opts.gateways, "selector": {"matchLabels": selector},
+                  # never more gateways than --gateways: each may serve cap // N of every
+                  # replica while Redis is unreachable (docs/gateway.md), so a rollout
+                  # replaces a pod instead of adding one first
+                  "strategy": {"type": "RollingUpdate",
+                               "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
                   "template": {
                       "metadata": {"labels": labels, "annotations": _scrape(GATEWAY_PORT)},
                       "spec": {

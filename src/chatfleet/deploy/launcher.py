@@ -267,6 +267,8 @@ def plan_children(spec: LaunchSpec, *, log_dir: Path, gateway_ports: list[int],
         limits += ["--queue-depth", str(spec.queue_depth)]
     if spec.config is not None:
         limits += ["--config", str(spec.config.resolve())]
+    if state != "memory":  # the shares protocol counts on knowing how many gateways there are
+        limits += ["--gateways", str(spec.gateways)]
     for i, port in enumerate(gateway_ports):
         children.append(Child(
             "gateway", f"gateway-{i}", [*cf, "gateway", *replica_flags, *limits, "--state",

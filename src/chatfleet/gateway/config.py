@@ -419,6 +419,7 @@ class Overrides:
     replicas: tuple[str, ...] = ()
     cap: int | None = None
     queue_depth: int | None = None
+    gateways: int | None = None  # state.gateways
 
     def apply(self, cfg: GatewayConfig) -> GatewayConfig:
         if self.replicas:
@@ -432,6 +433,10 @@ class Overrides:
             if self.queue_depth < 0:
                 raise ConfigError("--queue-depth must not be negative")
             cfg = replace(cfg, queue_depth=self.queue_depth)
+        if self.gateways is not None:
+            if self.gateways < 1:
+                raise ConfigError("--gateways must be at least 1")
+            cfg = replace(cfg, state=replace(cfg.state, gateways=self.gateways))
         if not cfg.replicas:
             raise ConfigError("no replicas: pass --replica URL or list them in the config file")
         return check(cfg)
