@@ -1,10 +1,11 @@
 """The twin's outputs the document tests pin: each made by the public CLI with fixed flags.
 
 `python -m tests.documents.fixtures DIR` writes them into DIR; the files under
-tests/documents/data were written so by the code before the documents were typed (main at
-7b05dad, dict literals), and tests/documents/test_round_trip.py checks that the typed code
-writes the same bytes. Regenerate them (and say why in the commit) only when a change to the
-engine model or the metrics is meant to change the figures.
+tests/documents/data were written so by the code before the documents were typed (dict
+literals: main at 7b05dad, and the fleet sweep again at d6d5bb3, when the fleet core's shed
+counters gained `key_limit`), and tests/documents/test_round_trip.py checks that the typed
+code writes the same bytes. Regenerate them (and say why in the commit) only when a change to
+the engine model, the fleet core or the metrics is meant to change the figures.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ on an H200, the twin's sweeps), chatfleet.plan/1 and chatfleet.cache/1.
 
 - load -> typed -> dump gives the same bytes (with the project's own `dumps`);
 - the twin's outputs, made now by the public CLI, are the bytes the code wrote before the
-  documents were typed (tests/documents/data, from main at 7b05dad: fixtures.py says how);
+  documents were typed (tests/documents/data: fixtures.py says which and how);
 - a key a newer version added survives a round trip, in every object of a document.
 """
 
