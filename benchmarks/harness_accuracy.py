@@ -70,6 +70,7 @@ import orjson
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import LOOP_PROBE_S, DriveResult, completions_with_ids, drive
 from chatfleet.bench.sweep import LiveSweepConfig, p99
+from chatfleet.core.documents.sweep import ClosedLoad, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
@@ -226,15 +227,15 @@ def rel(ours: float, truth: float) -> float:
     return (ours - truth) / truth if truth else float("nan")
 
 
-def latency_block(point: dict[str, Any]) -> dict[str, float]:
-    return {f"{m}.{p}": float(point[m][p]) for m, p in COMPARED}
+def latency_block(point: SweepPoint) -> dict[str, float]:
+    return {f"{m}.{p}": float(point.quantiles(m).get(p) or 0.0) for m, p in COMPARED}
 
 
 def compare(client: list[RequestRecord], truth: list[RequestRecord], n: int,
             window: tuple[float, float]) -> tuple[dict[str, float], dict[str, float],
                                                   dict[str, float]]:
     """The sweep's figures over the same requests, from the client's times and the trace's."""
-    kw: dict[str, Any] = {"load": {"mode": "closed", "concurrency": n}, "window": window,
+    kw: dict[str, Any] = {"load": ClosedLoad(n), "window": window,
                           "slo": SLO(), "mode": "closed", "seed": 0, "flushed": False}
     ours = latency_block(summarize_point(client, **kw))
     true = latency_block(summarize_point(truth, **kw))
@@ -362,12 +363,12 @@ def throughput(records: list[RequestRecord], trace: Trace, t0: float, n: int,
         t = act - t0
         sent += int(np.count_nonzero((t >= window[0]) & (t < window[1])))
     truth = sent / duration
-    point = summarize_point(records, load={"mode": "closed", "concurrency": n}, window=window,
+    point = summarize_point(records, load=ClosedLoad(n), window=window,
                             slo=SLO(), mode="closed", seed=0, flushed=False)
     by_send = sum(r.output_tokens for r in records
                   if window[0] <= r.send_time < window[1]) / duration
-    return {"client": point["output_tok_s"], "trace": truth,
-            "rel": rel(point["output_tok_s"], truth), "sent_in_window": by_send,
+    return {"client": point.output_tok_s, "trace": truth,
+            "rel": rel(point.output_tok_s, truth), "sent_in_window": by_send,
             "sent_in_window_rel": rel(by_send, truth)}
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -128,7 +129,7 @@ def run_once(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, An
     try:
         cfg = LiveSweepConfig(
             targets=[url], engine=engine, model=args.model,
-            loads=[{"mode": "closed", "concurrency": args.users}], wcfg=workload(args),
+            loads=[ClosedLoad(args.users)], wcfg=workload(args),
             out=workdir / f"sweep-{seed}", duration_s=args.duration * k,
             warmup_s=args.warmup * k, drain_s=120.0 * k, api="chat",
             telemetry=args.telemetry, flush=args.flush, seed=seed, save_records=False)
@@ -137,14 +138,15 @@ def run_once(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, An
     finally:
         if srv is not None:
             srv.stop()
-    p = doc["points"][0]
-    return {"seed": seed, "valid": p["valid"], "invalid_reason": p["invalid_reason"],
-            "requests": p["requests"]["completed"],
-            "output_tok_s_wall": round(p["output_tok_s"] * k, 1),
-            "loop_lag_ms_p99": p["client"]["loop_lag_ms_p99"],
-            "loop_lag_ms_max": p["client"]["loop_lag_ms_max"],
-            "send_lag_ms_p99": p["client"]["send_lag_ms_p99"],
-            "token_check_mismatched": p["token_check"]["mismatched"],
+    p = doc.points[0]
+    assert p.live is not None and p.live.token_check is not None
+    return {"seed": seed, "valid": p.valid, "invalid_reason": p.invalid_reason,
+            "requests": p.requests.completed,
+            "output_tok_s_wall": round(p.output_tok_s * k, 1),
+            "loop_lag_ms_p99": p.client.loop_lag_ms_p99,
+            "loop_lag_ms_max": p.client.loop_lag_ms_max,
+            "send_lag_ms_p99": p.client.send_lag_ms_p99,
+            "token_check_mismatched": p.live.token_check.mismatched,
             "holds": holds.table()[:8]}
 
 

@@ -26,6 +26,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
@@ -40,7 +41,7 @@ def timed(spec: EngineSpec, wcfg: WorkloadConfig, users: int, virtual_s: float =
           replicas: int = 1) -> float:
     warmup = min(WARMUP_S, virtual_s / 20)
     t = time.perf_counter()
-    run_point(spec, wcfg, {"mode": "closed", "concurrency": users},
+    run_point(spec, wcfg, ClosedLoad(users),
               duration_s=virtual_s - warmup, warmup_s=warmup, replicas=replicas)
     return time.perf_counter() - t
 

@@ -35,8 +35,11 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
 
 
 def dumps(doc: Any) -> bytes:
-    """A document as chatfleet writes it: JSON indented by two, numpy values as numbers."""
-    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    """A document as chatfleet writes it: JSON indented by two, numpy values as numbers. A
+    typed document (a dataclass) is refused: write its `to_json()`, which holds the file's
+    keys (orjson would write the dataclass's own fields instead)."""
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+                        | orjson.OPT_PASSTHROUGH_DATACLASS)
 
 
 def write_json(path: str | os.PathLike[str], doc: Any) -> None:

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from chatfleet.cli import app
 from chatfleet.core.calibration import L4_CALIBRATION
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -21,8 +22,9 @@ from chatfleet.twin.sweep import TwinSweep
 def twin_sweep(tmp_path: Path) -> Path:
     spec = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
     wcfg = WorkloadConfig(lengths=LengthSpec("fixed", 512, 128))
-    loads = [{"mode": "closed", "concurrency": c} for c in (1, 4, 16)]
-    doc = TwinSweep(spec, wcfg, SLO(), duration_s=120.0, warmup_s=10.0, seed=3).run(loads)
+    loads = [ClosedLoad(c) for c in (1, 4, 16)]
+    doc = TwinSweep(spec, wcfg, SLO(), duration_s=120.0, warmup_s=10.0,
+                    seed=3).run(loads).to_json()
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(doc))
     return path

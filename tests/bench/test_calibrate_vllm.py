@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from chatfleet.cli import app
 from chatfleet.core.calibration import vllm_calibration_for
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -34,7 +35,7 @@ def vllm_sweep(tmp_path: Path, gpu: str = "l4", users: tuple[int, ...] = (1, 4, 
     spec = EngineSpec(card, builtin_model("qwen3-8b"), precision("bf16", "bf16"),
                       engine_model="vllm", calibration=truth, **spec_kw)
     doc = TwinSweep(spec, WCFG, SLO(), duration_s=120.0, warmup_s=10.0, seed=3).run(
-        [{"mode": "closed", "concurrency": c} for c in users])
+        [ClosedLoad(c) for c in users]).to_json()
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(doc))
     return path, doc
@@ -119,7 +120,7 @@ def test_a_given_front_end_time_is_taken_out_of_the_prefill_step(tmp_path: Path)
     spec = EngineSpec(card, builtin_model("qwen3-8b"), precision("bf16", "bf16"),
                       engine_model="vllm", calibration=truth)
     doc = TwinSweep(spec, WCFG, SLO(), duration_s=120.0, warmup_s=10.0, seed=3).run(
-        [{"mode": "closed", "concurrency": c} for c in (1, 8, 16)])
+        [ClosedLoad(c) for c in (1, 8, 16)]).to_json()
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(doc))
     given = calibrate(path, frontend_s=0.03)

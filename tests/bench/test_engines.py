@@ -196,9 +196,9 @@ def test_scraper_reads_the_simservers_engine_state(sim: RunningServer, tmp_path:
     assert recs[-1]["pool_tokens"] == 142372
     assert recs[-1]["generation_tokens"] >= 8 * 300
     block = engine_block_from(recs)
-    assert block["max_running"] >= 2 and block["peak_token_usage"] > 0
-    assert block["scrapes"] == len(recs)
-    assert engine_block_from(recs, 1e9, None)["max_running"] is None
+    assert block.max_running >= 2 and block.peak_token_usage > 0
+    assert block.scrapes == len(recs)
+    assert engine_block_from(recs, 1e9, None).max_running is None
     rows = [orjson.loads(x) for x in path.read_bytes().splitlines()]
     assert len(rows) == len(recs)
 
@@ -270,7 +270,7 @@ def test_scraper_counts_failures() -> None:
         return sc
 
     sc = run(main())
-    assert not sc.records and sc.failures >= 2 and sc.summary()["failures"] == sc.failures
+    assert not sc.records and sc.failures >= 2 and sc.summary().failures == sc.failures
 
 
 def test_simserver_server_info(sim: RunningServer) -> None:

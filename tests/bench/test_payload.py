@@ -21,6 +21,7 @@ from chatfleet.bench.drive import drive
 from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, Shaped
 from chatfleet.bench.text_pool import TextPool
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import (
@@ -202,15 +203,15 @@ def test_a_chat_sweep_builds_its_prompts_in_the_pool(tmp_path: Path,
     with serve_in_thread(ServerConfig(spec=spec, time_scale=20)) as srv:
         cfg = LiveSweepConfig(
             targets=srv.urls, engine="simserver", model="qwen3-8b",
-            loads=[{"mode": "closed", "concurrency": 4}], wcfg=WCFG, out=tmp_path / "s",
+            loads=[ClosedLoad(4)], wcfg=WCFG, out=tmp_path / "s",
             duration_s=10.0, warmup_s=1.0, drain_s=30.0, api="chat", telemetry="none",
             prompt_workers=1, max_loop_lag_ms=100.0, max_send_lag_ms=200.0)
         sweep = LiveSweep(cfg)
         doc = asyncio.run(sweep.run())
-    (point,) = doc["points"]
+    (point,) = doc.points
     assert calls == []
-    assert point["requests"]["completed"] > 4 and point["requests"]["failed"] == 0
-    assert point["token_check"]["mismatched"] == 0
+    assert point.requests.completed > 4 and point.requests.failed == 0
+    assert point.live.token_check.mismatched == 0
     # the simserver counted the prompts the harness meant: system + user segments, exact
     records = [orjson.loads(x) for x in (tmp_path / "s" / "runs" / "000" /
                                          "records.jsonl").read_bytes().splitlines()]

@@ -16,6 +16,7 @@ from aiohttp import web
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
 from chatfleet.bench.results import SweepDir
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -53,15 +54,15 @@ def test_output_tok_s_matches_the_servers_trace(tmp_path: Path) -> None:
     rows = [orjson.loads(x) for x in trace.read_bytes().splitlines()]
     sent = [r for r in rows if r["type"] == "token"]
     window = (WARMUP_S, WARMUP_S + DURATION_S)
-    point = summarize_point(res.records, load={"mode": "closed", "concurrency": USERS},
+    point = summarize_point(res.records, load=ClosedLoad(USERS),
                             window=window, slo=SLO(), mode="closed", seed=5, flushed=False,
                             time_scale=SCALE)
     # ground truth: the tokens the server wrote in the window, on the client's model clock
     in_window = sum(1 for r in sent
                     if window[0] <= (r["actual_mono"] - clock.t0) * SCALE < window[1])
     truth = in_window / DURATION_S
-    assert point["output_tok_s"] == pytest.approx(truth, rel=0.01)
-    assert point["requests"]["finished_in_window"] > USERS
+    assert point.output_tok_s == pytest.approx(truth, rel=0.01)
+    assert point.requests.finished_in_window > USERS
 
     # every record names its request in the trace, with the same tokens
     per_rid = Counter(r["rid"] for r in sent)
@@ -118,8 +119,8 @@ def test_a_request_cut_off_at_the_drain_limit_keeps_its_tokens() -> None:
     assert 5 <= len(rec.token_times) == rec.output_tokens < 1000
     assert rec.first_token_time == rec.token_times[0]
     # its tokens count where they arrived
-    point = summarize_point(res.records, load={"mode": "closed", "concurrency": 1},
+    point = summarize_point(res.records, load=ClosedLoad(1),
                             window=(0.0, 0.2), slo=SLO(), mode="closed", seed=0,
                             flushed=False)
     arrived = sum(1 for t in rec.token_times if t < 0.2)
-    assert arrived > 0 and point["output_tok_s"] == pytest.approx(arrived / 0.2)
+    assert arrived > 0 and point.output_tok_s == pytest.approx(arrived / 0.2)

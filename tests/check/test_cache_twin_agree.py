@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from chatfleet.cli.app import app
 from chatfleet.core.cache.replay import CacheConfig
 from chatfleet.core.cache.trace import Turn
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.records import RequestRecord
@@ -43,14 +44,14 @@ def twin_trace(pool: int, policy: str, host: int, reasoning_share: float,
 
     spec = dataclasses.replace(L4, pool_tokens=pool, eviction_policy=policy,
                                host_pool_tokens=host)
-    run = run_point(spec, wcfg, {"mode": "closed", "concurrency": 12}, duration_s=60.0,
+    run = run_point(spec, wcfg, ClosedLoad(12), duration_s=60.0,
                     warmup_s=0.0, seed=7, drain_s=600.0, route=capture)
     records: list[RequestRecord] = run.records
     assert all(r.outcome == "ok" for r in records) and len(records) == len(sent)
     turns = [Turn(s.session_id, s.turn + 1, s.scheduled_time, s.prompt_ids(), s.output_ids())
              for s in sent.values()]
     cached = {(r.session_id, r.turn + 1): r.cached_tokens for r in records}
-    return turns, cached, run.point["engine"]
+    return turns, cached, run.point.engine
 
 
 @pytest.mark.parametrize(("pool", "policy", "host", "reasoning"), [
@@ -61,12 +62,12 @@ def twin_trace(pool: int, policy: str, host: int, reasoning_share: float,
 def test_the_replay_gives_each_request_the_twins_cached_tokens(
         pool: int, policy: str, host: int, reasoning: float) -> None:
     turns, twin_cached, engine = twin_trace(pool, policy, host, reasoning)
-    assert engine["evicted_tokens"] > 0  # the pool is under pressure: eviction matters
+    assert engine.evicted_tokens > 0  # the pool is under pressure: eviction matters
     res = replay(turns, CacheConfig(pool, policy, host), L4)
     cache_cached = {(o.session, o.turn): o.hit_tokens for o in res.outcomes}
     assert cache_cached == twin_cached
-    assert res.evicted_tokens == engine["evicted_tokens"]
-    assert res.retractions == engine["num_retractions"]
+    assert res.evicted_tokens == engine.evicted_tokens
+    assert res.retractions == engine.num_retractions
     if host:
         assert res.loaded_back_tokens > 0
 

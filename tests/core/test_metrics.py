@@ -10,6 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chatfleet.core.documents.sweep import (
+    ClientBlock,
+    EngineBlock,
+    Knee,
+    SweepPoint,
+    load_from_json,
+)
 from chatfleet.core.metrics import (
     ITL_STATS,
     SLO,
@@ -73,7 +80,7 @@ def point(
     valid: bool = True,
     tok_s: float = 0.0,
     in_flight: int | None = None,
-) -> dict[str, Any]:
+) -> SweepPoint:
     key = "concurrency" if mode == "closed" else "rate_rps"
     p: dict[str, Any] = {
         "load": {"mode": mode, key: load},
@@ -84,10 +91,11 @@ def point(
     }
     if mode == "closed":
         p["in_flight_max"] = int(load) if in_flight is None else in_flight
-    return p
+    return SweepPoint.from_json(p)
 
 
 def summarize(records: list[RequestRecord], **kw: Any) -> dict[str, Any]:
+    """The point as the file holds it (its JSON): the contract's keys and numbers."""
     args: dict[str, Any] = {
         "load": {"mode": "closed", "concurrency": 4},
         "window": (0.0, 10.0),
@@ -97,7 +105,11 @@ def summarize(records: list[RequestRecord], **kw: Any) -> dict[str, Any]:
         "flushed": True,
     }
     args.update(kw)
-    return summarize_point(records, **args)
+    args["load"] = load_from_json(args["load"])
+    for block, kind in (("engine", EngineBlock), ("client", ClientBlock)):
+        if isinstance(args.get(block), dict):
+            args[block] = kind.from_json(args[block], block)
+    return summarize_point(records, **args).to_json()
 
 
 # ------------------------------------------------------------------------------------------
@@ -515,8 +527,7 @@ def test_point_has_every_contract_key() -> None:
 def test_point_blocks_invalidity_and_time_scale_are_recorded() -> None:
     p = summarize(
         mixed_window(),
-        valid=False,
-        invalid_reason="median SM clock 465 MHz under floor 1200",
+        invalid_reasons=["median SM clock 465 MHz under floor 1200"],
         engine={"max_running": 12, "max_queue": 3, "peak_token_usage": 0.93},
         client={"send_lag_ms_p99": 2.5},
         time_scale=10.0,
@@ -535,8 +546,6 @@ def test_point_rejects_inconsistent_arguments() -> None:
         summarize([], load={"mode": "open", "rate_rps": 1.0})  # mode is closed
     with pytest.raises(ValueError):
         summarize([], load={"mode": "closed"})
-    with pytest.raises(ValueError):
-        summarize([], invalid_reason="why")  # valid=True
 
 
 def test_empty_window_gives_zeros() -> None:
@@ -666,13 +675,13 @@ def test_summary_matches_per_request_definitions(
 
 def test_knee_is_highest_load_meeting_with_all_lower_loads() -> None:
     pts = [point(c, a) for c, a in [(1, 1.0), (2, 0.995), (4, 0.99), (8, 0.97), (16, 0.5)]]
-    assert find_knee(pts, "closed", 0.99) == {"meets": 4, "fails": 8}
+    assert find_knee(pts, "closed", 0.99) == Knee(4, 8)
 
 
 def test_knee_dip_at_a_middle_load_stops_it() -> None:
     # 2 fails; 4 and 8 pass again but do not count
     pts = [point(c, a) for c, a in [(8, 1.0), (1, 1.0), (4, 1.0), (2, 0.98)]]
-    assert find_knee(pts, "closed", 0.99) == {"meets": 1, "fails": 2}
+    assert find_knee(pts, "closed", 0.99) == Knee(1, 2)
 
 
 def test_knee_ignores_invalid_points() -> None:
@@ -684,19 +693,13 @@ def test_knee_ignores_invalid_points() -> None:
         point(16, 0.9),
         point(32, 1.0, valid=False),
     ]
-    assert find_knee(pts, "closed", 0.99) == {"meets": 8, "fails": 16}
+    assert find_knee(pts, "closed", 0.99) == Knee(8, 16)
 
 
 def test_knee_without_passing_or_failing_loads() -> None:
-    assert find_knee([point(2, 0.9), point(4, 0.8)], "closed", 0.99) == {
-        "meets": None,
-        "fails": 2,
-    }
-    assert find_knee([point(2, 1.0), point(4, 1.0)], "closed", 0.99) == {
-        "meets": 4,
-        "fails": None,
-    }
-    assert find_knee([], "closed", 0.99) == {"meets": None, "fails": None}
+    assert find_knee([point(2, 0.9), point(4, 0.8)], "closed", 0.99) == Knee(None, 2)
+    assert find_knee([point(2, 1.0), point(4, 1.0)], "closed", 0.99) == Knee(4, None)
+    assert find_knee([], "closed", 0.99) == Knee(None, None)
 
 
 def test_knee_per_mode_and_repeats() -> None:
@@ -707,8 +710,8 @@ def test_knee_per_mode_and_repeats() -> None:
         point(16, 0.1),  # closed: not part of the rate knee
         point(2.0, 0.98, mode="open"),  # a repeat of 2 rps that fails
     ]
-    assert find_knee(pts, "open", 0.99) == {"meets": 1.0, "fails": 2.0}
-    assert find_knee(pts, "closed", 0.99) == {"meets": None, "fails": 16}
+    assert find_knee(pts, "open", 0.99) == Knee(1.0, 2.0)
+    assert find_knee(pts, "closed", 0.99) == Knee(None, 16)
 
 
 @given(
@@ -723,7 +726,7 @@ def test_knee_properties(
     loads = [2**i for i in range(len(attainments))]
     pts = [point(c, a) for c, a in zip(loads, attainments, strict=True)]
     knee = find_knee(pts, "closed", target)
-    meets, fails = knee["meets"], knee["fails"]
+    meets, fails = knee.meets, knee.fails
     if meets is not None:
         assert all(a >= target for c, a in zip(loads, attainments, strict=True) if c <= meets)
     if fails is not None:
@@ -737,16 +740,16 @@ def test_knee_properties(
     i = which % len(improved)
     improved[i] = max(improved[i], better)
     knee2 = find_knee([point(c, a) for c, a in zip(loads, improved, strict=True)], "closed", target)
-    assert (knee2["meets"] or 0) >= (meets or 0)
+    assert (knee2.meets or 0) >= (meets or 0)
     stricter = find_knee(pts, "closed", min(1.0, target + 0.05))
-    assert (stricter["meets"] or 0) <= (meets or 0)
+    assert (stricter.meets or 0) <= (meets or 0)
 
 
 # ------------------------------------------------------------------------------------------
 # cap, peak, document, bisection
 
 
-def grid_points() -> list[dict[str, Any]]:
+def grid_points() -> list[SweepPoint]:
     return [
         point(1, 1.0, tok_s=20.0),
         point(2, 1.0, tok_s=38.0),
@@ -763,12 +766,12 @@ def grid_points() -> list[dict[str, Any]]:
 def test_recommended_cap_reads_in_flight_at_the_knee_minus_margin() -> None:
     pts = grid_points()
     knee = find_knee(pts, "closed", 0.99)
-    assert knee == {"meets": 8, "fails": 16}
+    assert knee == Knee(8, 16)
     assert recommended_cap(pts, knee) == 7  # in flight at meets, not the user count
     assert recommended_cap(pts, knee, 1) == 4  # one grid step down: the point at 4
     assert recommended_cap(pts, knee, 2) == 2
     assert recommended_cap(pts, knee, 10) == 1  # never past the lowest tested load
-    assert recommended_cap(pts, {"meets": None, "fails": 1}) is None
+    assert recommended_cap(pts, Knee(None, 1)) is None
     with pytest.raises(ValueError):
         recommended_cap(pts, knee, -1)
 
@@ -776,7 +779,7 @@ def test_recommended_cap_reads_in_flight_at_the_knee_minus_margin() -> None:
 def test_recommended_cap_steps_skip_invalid_points_and_never_go_below_one() -> None:
     pts = [point(1, 1.0, in_flight=0), point(2, 1.0), point(4, 0.1, valid=False), point(8, 1.0)]
     knee = find_knee(pts, "closed", 0.99)
-    assert knee == {"meets": 8, "fails": None}
+    assert knee == Knee(8, None)
     assert recommended_cap(pts, knee, 1) == 2  # 4 was invalid: one step down from 8 is 2
     assert recommended_cap(pts, knee, 2) == 1  # in_flight_max 0 reads as 1
 
@@ -784,10 +787,11 @@ def test_recommended_cap_steps_skip_invalid_points_and_never_go_below_one() -> N
 def test_throughput_peak_over_valid_closed_points() -> None:
     pts = grid_points()
     # 64 is invalid and 6 rps is open loop: the closed peak is 16 users, beyond the knee
-    assert throughput_peak(pts) == {"load": 16, "output_tok_s": 180.0, "mode": "closed"}
-    only_open = [p for p in pts if p["load"]["mode"] == "open"]
-    assert throughput_peak(only_open) == {"load": 6.0, "output_tok_s": 200.0, "mode": "open"}
-    assert throughput_peak([])["load"] is None
+    assert throughput_peak(pts).to_json() == {"load": 16, "output_tok_s": 180.0, "mode": "closed"}
+    only_open = [p for p in pts if p.load.mode == "open"]
+    assert throughput_peak(only_open).to_json() == {"load": 6.0, "output_tok_s": 200.0,
+                                                    "mode": "open"}
+    assert throughput_peak([]).load is None
 
 
 def test_sweep_document() -> None:
@@ -798,7 +802,7 @@ def test_sweep_document() -> None:
         SLO(),
         pts,
         1,
-    )
+    ).to_json()
     assert doc["schema"] == "chatfleet.sweep/1"
     assert doc["slo"] == SLO().to_json()
     assert doc["knee"] == {"meets": 8, "fails": 16}
@@ -812,20 +816,20 @@ def test_sweep_document() -> None:
 
 
 def test_bisect_next_closed() -> None:
-    assert bisect_next({"meets": 8, "fails": 16}, [1, 2, 4, 8, 16], "closed") == 12
-    assert bisect_next({"meets": 4, "fails": 8}, [4, 6, 8], "closed") == 5  # 6 tested (invalid)
-    assert bisect_next({"meets": 4, "fails": 5}, [4, 5], "closed") is None  # one user wide
-    assert bisect_next({"meets": None, "fails": 4}, [4], "closed") == 2
-    assert bisect_next({"meets": None, "fails": 1}, [1], "closed") is None
-    assert bisect_next({"meets": 8, "fails": None}, [8], "closed") is None
+    assert bisect_next(Knee(8, 16), [1, 2, 4, 8, 16], "closed") == 12
+    assert bisect_next(Knee(4, 8), [4, 6, 8], "closed") == 5  # 6 tested (invalid)
+    assert bisect_next(Knee(4, 5), [4, 5], "closed") is None  # one user wide
+    assert bisect_next(Knee(None, 4), [4], "closed") == 2
+    assert bisect_next(Knee(None, 1), [1], "closed") is None
+    assert bisect_next(Knee(8, None), [8], "closed") is None
 
 
 def test_bisect_next_open() -> None:
-    assert bisect_next({"meets": 1.0, "fails": 2.0}, [1.0, 2.0], "open") == pytest.approx(1.5)
-    assert bisect_next({"meets": 2.0, "fails": 2.2}, [2.0, 2.2], "open") is None  # 10%
-    assert bisect_next({"meets": 2.0, "fails": 2.3}, [2.0, 2.3], "open") == pytest.approx(2.15)
-    assert bisect_next({"meets": 1.0, "fails": 2.0}, [1.0, 1.5, 2.0], "open") == pytest.approx(1.25)
-    assert bisect_next({"meets": None, "fails": 2.0}, [2.0], "open") is None
+    assert bisect_next(Knee(1.0, 2.0), [1.0, 2.0], "open") == pytest.approx(1.5)
+    assert bisect_next(Knee(2.0, 2.2), [2.0, 2.2], "open") is None  # 10%
+    assert bisect_next(Knee(2.0, 2.3), [2.0, 2.3], "open") == pytest.approx(2.15)
+    assert bisect_next(Knee(1.0, 2.0), [1.0, 1.5, 2.0], "open") == pytest.approx(1.25)
+    assert bisect_next(Knee(None, 2.0), [2.0], "open") is None
 
 
 def test_bisection_converges_on_a_step_knee() -> None:
@@ -838,4 +842,4 @@ def test_bisection_converges_on_a_step_knee() -> None:
         if nxt is None:
             break
         tested.append(int(nxt))
-    assert knee == {"meets": 11, "fails": 12}
+    assert knee == Knee(11, 12)

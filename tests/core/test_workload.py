@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from chatfleet.core.documents.sweep import ClosedLoad, OpenLoad
 from chatfleet.core.workload import (
     ClosedLoop,
     GroupDraw,
@@ -395,8 +396,8 @@ def test_an_open_loop_can_follow_a_trace_of_arrival_times() -> None:
 
 def test_driver_for_reads_the_load_point() -> None:
     wl = Workload(WorkloadConfig(), random.Random(1))
-    closed_loop = driver_for({"mode": "closed", "concurrency": 3}, wl)
+    closed_loop = driver_for(ClosedLoad(3), wl)
     assert isinstance(closed_loop, ClosedLoop) and closed_loop.users == 3
-    open_loop = driver_for({"mode": "open", "rate_rps": 2.0, "burstiness": 0.5}, wl, [1.0])
+    open_loop = driver_for(OpenLoad(2.0, burstiness=0.5), wl, [1.0])
     assert isinstance(open_loop, OpenLoop)
     assert (open_loop.rate, open_loop.burstiness, open_loop.arrival_times) == (2.0, 0.5, [1.0])

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from chatfleet.core.documents.sweep import SweepPoint
 from chatfleet.core.metrics import SLO, sweep_document
 
 CLOSED = (1, 2, 4, 8, 16, 32)
@@ -112,7 +113,8 @@ def write_sweep_dir(root: Path, weights: str = "bf16", speed: float = 1.0, *,
     (an interrupted sweep); `truncate_last` cuts the last line of runs.jsonl in half."""
     root.mkdir(parents=True, exist_ok=True)
     points = build_points(speed, with_open=with_open, time_scale=time_scale)
-    doc = sweep_document(target(weights), WORKLOAD, SLO(), points)
+    doc = sweep_document(target(weights), WORKLOAD, SLO(),
+                         [SweepPoint.from_json(p) for p in points]).to_json()
     lines = [json.dumps(p) + "\n" for p in points]
     if truncate_last:
         lines[-1] = lines[-1][: len(lines[-1]) // 2]

@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
+from chatfleet.core.documents.sweep import SweepPoint
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.report import load_sweeps
 from chatfleet.report.plots import all_plots, goodput_plot
@@ -32,7 +33,8 @@ def bisected_sweep(tmp_path: Path, name: str = "bisected.json", speed: float = 3
     for p in points:
         del p["files"]
     path = tmp_path / name
-    path.write_text(json.dumps(sweep_document(target("fp8"), {}, SLO(), points)))
+    doc = sweep_document(target("fp8"), {}, SLO(), [SweepPoint.from_json(p) for p in points])
+    path.write_text(json.dumps(doc.to_json()))
     return path
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, Shaped
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.workload import GroupDraw, LengthSpec, RequestSpec, WorkloadConfig
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
@@ -38,7 +39,7 @@ def twin(groups: int, draw: GroupDraw) -> tuple[dict[str, Any], set[int]]:
         used.add(spec.group)
         return 0
 
-    run = run_point(SMALL_POOL, wcfg(groups, draw), {"mode": "closed", "concurrency": 16},
+    run = run_point(SMALL_POOL, wcfg(groups, draw), ClosedLoad(16),
                     duration_s=60.0, warmup_s=5.0, route=route)
     return run.point, used
 
@@ -49,13 +50,13 @@ def test_16_users_pinned_use_16_groups_drawn_per_request_they_use_all_and_miss_m
     assert all(len(used) == 16 for _, used in pinned.values())
     assert len(drawn[32][1]) > 16 and len(drawn[64][1]) > 32
     # pinned, 32 and 64 groups are the same 16 prefixes: the same figures
-    figures = {g: (p["cached_token_share"], p["ttft_ms"]["p99"]) for g, (p, _) in pinned.items()}
+    figures = {g: (p.cached_token_share, p.ttft_ms.p99) for g, (p, _) in pinned.items()}
     assert figures[16] == figures[32] == figures[64]
     # drawn per request, the prefixes outgrow the pool: fewer cached tokens, later first tokens
-    share = [drawn[g][0]["cached_token_share"] for g in (16, 32, 64)]
+    share = [drawn[g][0].cached_token_share for g in (16, 32, 64)]
     assert share[0] > share[1] > share[2]
     assert share[2] < 0.6 * share[0]
-    assert drawn[64][0]["ttft_ms"]["p50"] > 1.5 * drawn[16][0]["ttft_ms"]["p50"]
+    assert drawn[64][0].ttft_ms.p50 > 1.5 * drawn[16][0].ttft_ms.p50
 
 
 Trace = dict[str, list[tuple[int, int, int, int]]]  # session -> (group, system, user, output)
@@ -93,7 +94,7 @@ class RecordingSweep(LiveSweep):
 def test_the_twin_and_the_live_sweep_draw_the_same_groups_per_session(tmp_path: Path) -> None:
     cfg = wcfg(32, "request", system_prompt_tokens=128,
                lengths=LengthSpec("uniform", 32, 16, 0.5, "vllm"), turns=2)
-    load = {"mode": "closed", "concurrency": 6}
+    load = ClosedLoad(6)
     twin_trace: Trace = {}
 
     def route(spec: RequestSpec, scheds: list[Scheduler]) -> int:
@@ -107,7 +108,7 @@ def test_the_twin_and_the_live_sweep_draw_the_same_groups_per_session(tmp_path: 
             out=tmp_path / "s", duration_s=20.0, warmup_s=2.0, drain_s=60.0, seed=7,
             telemetry="simserver", max_loop_lag_ms=100.0, max_send_lag_ms=200.0))
         doc = asyncio.run(live.run())
-    assert doc["workload"]["group_draw"] == cfg.group_draw
+    assert doc.workload["group_draw"] == cfg.group_draw
     assert orjson.loads((tmp_path / "s" / "sweep.json").read_bytes())["workload"][
         "group_draw"] == cfg.group_draw
     common = sorted(set(twin_trace) & set(live.trace))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -21,22 +20,23 @@ from chatfleet.core.calibration import (
     fit_l4_thermal,
     thermal_profile,
 )
+from chatfleet.core.documents.sweep import OpenLoad, SweepPoint
 from chatfleet.core.engine.build import EngineSpec, build_engine
 from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.step import StepKind
 from chatfleet.core.engine.steplog import StepLog, StepRow
 from chatfleet.core.engine.thermal import ThermalState, cooling_need
+from chatfleet.core.measure.percentiles import time_weighted_percentile
 from chatfleet.core.specs import get_gpu
 from chatfleet.core.workload import WorkloadConfig
-from chatfleet.twin.run import gpu_block, run_point, step_weights, weighted_median
+from chatfleet.twin.run import gpu_block, run_point, step_weights
 from tests.twin.conftest import closed, engine
 
 L4 = get_gpu("l4")
-OPEN = {"mode": "open", "rate_rps": L4_OVERLOAD_RUN.rate_rps, "arrival": "poisson",
-        "burstiness": 1.0}
+OPEN = OpenLoad(L4_OVERLOAD_RUN.rate_rps, "poisson", 1.0)
 
 
-def overload_point(spec: EngineSpec) -> dict[str, Any]:
+def overload_point(spec: EngineSpec) -> SweepPoint:
     run = L4_OVERLOAD_RUN
     return run_point(spec, WorkloadConfig(), OPEN, duration_s=run.duration_s,
                      warmup_s=run.warmup_s, seed=1).point
@@ -78,9 +78,9 @@ def test_twin_sweep_defaults_reproduce_the_overload_measurement() -> None:
 
 @pytest.mark.parametrize("ratio", [0.4, 0.85])
 def test_the_fit_reproduces_the_overload_in_the_twin_for_another_ratio(ratio: float) -> None:
-    gpu = overload_point(engine("bf16", thermal=True, cooling=fit_l4_thermal(ratio)))["gpu"]
-    assert gpu["sm_clock_mhz"]["p50"] == pytest.approx(L4_OVERLOAD_SETTLED_MHZ, rel=0.08)
-    assert gpu["thermal_slowdown_share"] == pytest.approx(L4_OVERLOAD_SLOWDOWN_SHARE, abs=0.03)
+    gpu = overload_point(engine("bf16", thermal=True, cooling=fit_l4_thermal(ratio))).gpu
+    assert gpu.sm_clock_mhz.p50 == pytest.approx(L4_OVERLOAD_SETTLED_MHZ, rel=0.08)
+    assert gpu.thermal_slowdown_share == pytest.approx(L4_OVERLOAD_SLOWDOWN_SHARE, abs=0.03)
 
 
 @pytest.mark.parametrize(("mhz", "share"), [
@@ -99,8 +99,8 @@ def test_overload_prefill_shares_are_the_twins(monkeypatch: pytest.MonkeyPatch, 
         return sched
 
     monkeypatch.setattr(twin_run, "build_engine", pinned)
-    gpu = overload_point(engine("bf16", thermal=True))["gpu"]
-    assert gpu["prefill_share"] == pytest.approx(share, abs=0.01)
+    gpu = overload_point(engine("bf16", thermal=True)).gpu
+    assert gpu.modelled.prefill_share == pytest.approx(share, abs=0.01)
 
 
 def test_the_fp8_knee_holds_its_clock_with_the_cooling_it_asks_for() -> None:
@@ -109,18 +109,18 @@ def test_the_fp8_knee_holds_its_clock_with_the_cooling_it_asks_for() -> None:
     cooling_need names for its mix it holds its clock and its attainment."""
     duration = 900.0  # over three time constants: the card is near its steady temperature
     off = closed(engine("fp8"), 24, duration=duration).point
-    need = cooling_need(thermal_profile(L4), off["gpu"]["busy_share"],
-                        off["gpu"]["prefill_share"])
+    need = cooling_need(thermal_profile(L4), off.gpu.modelled.busy_share,
+                        off.gpu.modelled.prefill_share)
     assert not need.holds_clock
     hot = closed(engine("fp8", thermal=True), 24, duration=duration).point
-    assert hot["gpu"]["thermal_slowdown_share"] > 0.5
+    assert hot.gpu.thermal_slowdown_share > 0.5
     better = replace(thermal_profile(L4), r_c_per_w=0.97 * need.max_r_c_per_w)
     held = closed(engine("fp8", thermal=True, cooling=better), 24, duration=duration).point
-    assert held["gpu"]["thermal_slowdown_share"] == 0.0
-    assert held["gpu"]["sm_clock_mhz"]["p50"] >= 1000
-    assert held["gpu"]["temp_c"]["max"] < better.slowdown_c
-    assert held["attainment"] == pytest.approx(off["attainment"], abs=0.05)
-    assert hot["attainment"] < off["attainment"] - 0.05
+    assert held.gpu.thermal_slowdown_share == 0.0
+    assert held.gpu.sm_clock_mhz.p50 >= 1000
+    assert held.gpu.temp_c.max < better.slowdown_c
+    assert held.attainment == pytest.approx(off.attainment, abs=0.05)
+    assert hot.attainment < off.attainment - 0.05
 
 
 def test_gpu_block_weights_steps_by_time_in_the_window() -> None:
@@ -133,22 +133,23 @@ def test_gpu_block_weights_steps_by_time_in_the_window() -> None:
            row(21.0, "decode", 400.0, True, 2.0)]  # 19..21: half inside
     steps, weights = step_weights(StepLog(log), 10.0, 20.0)
     assert steps.tolist() == [1, 2, 3] and weights.tolist() == [3.0, 1.0, 1.0]
-    assert weighted_median(sorted((log[i].sm_clock_mhz or 0.0, w)
-                                  for i, w in zip(steps, weights, strict=True))) == 500.0
+    # the value below which half the time lies: 400 for 1 s, 500 for 3 s, 1,320 for 1 s
+    assert time_weighted_percentile([log[i].sm_clock_mhz or 0.0 for i in steps.tolist()],
+                                    weights.tolist(), 50.0) == 500.0
     sched = build_engine(engine("bf16", thermal=True))
     sched.log = StepLog(log)
     gpu = gpu_block(engine("bf16", thermal=True), [sched], 10.0, 20.0)
-    assert gpu["busy_share"] == pytest.approx(0.5)
-    assert gpu["prefill_share"] == pytest.approx(0.6)
-    assert gpu["thermal_slowdown_share"] == pytest.approx(0.8)
-    assert gpu["sm_clock_mhz"] == {"p50": 500.0, "min": 400.0}
+    assert gpu.modelled.busy_share == pytest.approx(0.5)
+    assert gpu.modelled.prefill_share == pytest.approx(0.6)
+    assert gpu.thermal_slowdown_share == pytest.approx(0.8)
+    assert gpu.sm_clock_mhz.to_json() == {"p50": 500.0, "min": 400.0}
 
 
 def test_a_light_load_leaves_the_card_idle_part_of_the_time() -> None:
     light = closed(engine("fp8"), 1, WorkloadConfig(turns=4, think_time_s=10.0),
-                   duration=120.0).point["gpu"]
-    busy = closed(engine("fp8"), 24, duration=120.0).point["gpu"]
-    assert 0.0 < light["busy_share"] < 0.5
-    assert busy["busy_share"] == pytest.approx(1.0, abs=0.01)
-    assert 0.0 < light["prefill_share"] < 1.0
-    assert light["power_w"]["at_loaded_clock"] < busy["power_w"]["at_loaded_clock"]
+                   duration=120.0).point.gpu
+    busy = closed(engine("fp8"), 24, duration=120.0).point.gpu
+    assert 0.0 < light.modelled.busy_share < 0.5
+    assert busy.modelled.busy_share == pytest.approx(1.0, abs=0.01)
+    assert 0.0 < light.modelled.prefill_share < 1.0
+    assert light.modelled.power_w.at_loaded_clock < busy.modelled.power_w.at_loaded_clock

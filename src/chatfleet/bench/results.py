@@ -23,9 +23,12 @@ from typing import Any
 
 import orjson
 
+from chatfleet.core.documents.fields import DocumentError
+from chatfleet.core.documents.sweep import SweepDoc, SweepPoint
 from chatfleet.core.errors import ChatfleetError
-from chatfleet.core.metrics import SLO, sweep_document
+from chatfleet.core.measure.knee import sweep_document
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 from chatfleet.io import write_json
 
 
@@ -45,7 +48,7 @@ class SweepDir:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def start(self, meta: dict[str, Any], resume: bool) -> list[dict[str, Any]]:
+    def start(self, meta: dict[str, Any], resume: bool) -> list[SweepPoint]:
         """Prepare the directory; return the runs already finished (resume) or none."""
         if self.root.exists() and not self.root.is_dir():
             raise ResultsError(f"{self.root} exists and is not a directory")
@@ -65,7 +68,7 @@ class SweepDir:
         write_json(self.meta_path, meta)
         return done
 
-    def finished_runs(self) -> list[dict[str, Any]]:
+    def finished_runs(self) -> list[SweepPoint]:
         if not self.runs_path.exists():
             return []
         runs = []
@@ -74,23 +77,27 @@ class SweepDir:
             if not line.strip():
                 continue
             try:
-                runs.append(orjson.loads(line))
+                row = orjson.loads(line)
             except orjson.JSONDecodeError:
                 if i == len(lines) - 1:
                     continue  # a run cut off mid-write: it did not finish
                 raise ResultsError(f"{self.runs_path}: line {i + 1} is not JSON") from None
+            try:
+                runs.append(SweepPoint.from_json(row, f"{self.runs_path}, line {i + 1}"))
+            except DocumentError as exc:
+                raise ResultsError(str(exc)) from None
         return runs
 
-    def append_run(self, point: dict[str, Any]) -> None:
+    def append_run(self, point: SweepPoint) -> None:
         with open(self.runs_path, "ab") as f:
-            f.write(orjson.dumps(point, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            f.write(orjson.dumps(point.to_json(), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
             f.flush()
             os.fsync(f.fileno())
 
     def write_doc(self, target: dict[str, Any], workload: dict[str, Any], slo: SLO,
-                  points: list[dict[str, Any]], cap_margin: int) -> dict[str, Any]:
+                  points: list[SweepPoint], cap_margin: int) -> SweepDoc:
         doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
-        write_json(self.doc_path, doc)
+        write_json(self.doc_path, doc.to_json())
         return doc
 
     def write_records(self, index: int, records: Iterable[RequestRecord]) -> Path:

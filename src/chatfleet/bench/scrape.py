@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,6 +31,7 @@ import aiohttp
 import orjson
 
 from chatfleet.bench.client import Clock
+from chatfleet.core.documents.sweep import EngineBlock
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.engines import EngineAdapter, get_adapter
 from chatfleet.engines.prom import (
@@ -146,12 +148,9 @@ class EngineScraper:
             self.dropped += 1
         return row
 
-    def summary(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
-        out = engine_block_from(self.records, start, end)
-        out["failures"] = self.failures
-        if self.last_error is not None:
-            out["last_error"] = self.last_error
-        return out
+    def summary(self, start: float | None = None, end: float | None = None) -> EngineBlock:
+        return replace(engine_block_from(self.records, start, end), failures=self.failures,
+                       last_error=self.last_error)
 
 
 MetricsScraper = EngineScraper
@@ -171,7 +170,7 @@ def record_from(adapter: EngineAdapter, m: Metrics,
 
 
 def engine_block_from(records: Sequence[Mapping[str, Any]], start: float | None = None,
-                      end: float | None = None) -> dict[str, Any]:
+                      end: float | None = None) -> EngineBlock:
     """The contract's engine block from scraped records with start <= t <= end: the largest
     running batch, the longest queue and the highest token usage seen at a scrape (over all
     targets). None where no scrape holds the figure."""
@@ -183,10 +182,6 @@ def engine_block_from(records: Sequence[Mapping[str, Any]], start: float | None 
         return max(vals) if vals else None
 
     running, queue, usage = top("running"), top("queue"), top("token_usage")
-    return {
-        "max_running": int(running) if running is not None else None,
-        "max_queue": int(queue) if queue is not None else None,
-        "peak_token_usage": usage,
-        "scrapes": len(sel),
-        "source": "metrics",
-    }
+    return EngineBlock(max_running=int(running) if running is not None else None,
+                       max_queue=int(queue) if queue is not None else None,
+                       peak_token_usage=usage, scrapes=len(sel), source="metrics")

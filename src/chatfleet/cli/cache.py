@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from chatfleet.core.cache.trace import (
     sort_trace,
     synthetic_trace,
 )
+from chatfleet.core.documents.cache import CacheDoc, CacheResult
 from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.errors import ChatfleetError
@@ -167,26 +169,26 @@ def load_trace_file(path: Path, shared_prefix_tokens: int, default_answer_tokens
 # --------------------------------------------------------------------------------------------
 
 
-def _by_turn(values: list[float]) -> str:
+def _by_turn(values: Sequence[float]) -> str:
     return " ".join(f"{v:.2f}" for v in values)
 
 
-def results_table(doc: dict[str, Any]) -> Table:
+def results_table(doc: CacheDoc) -> Table:
     t = Table(title="prefix cache: hit rate per turn (turn 1 first) against an unbounded pool",
-              caption=f"holds: every turn within {doc['hold_tolerance']:.2f} of the unbounded "
-                      f"pool; thrash: later turns {doc['thrash_gap']:.2f} or more below it; "
+              caption=f"holds: every turn within {doc.hold_tolerance:.2f} of the unbounded "
+                      f"pool; thrash: later turns {doc.thrash_gap:.2f} or more below it; "
                       f"TTFT from the twin's scheduler (ms)")
     for col, just in (("pool", "right"), ("policy", "left"), ("host", "right"),
                       ("hit rate", "right"), ("by turn", "left"), ("evicted+returned", "right"),
                       ("TTFT p50", "right"), ("TTFT p99", "right"), ("verdict", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
-    for r in doc["results"]:
-        verdict = "holds" if r["holds"] else ("thrashes" if r["thrashes"] else
-                                              f"short at {r['short_turns']}")
-        t.add_row(str(r["pool_tokens"]), r["policy"], str(r["host_pool_tokens"]),
-                  f"{r['hit_rate']:.3f}", _by_turn(r["hit_rate_by_turn"]),
-                  str(r["evicted_then_returned"]), f"{r['ttft_ms']['p50']:.0f}",
-                  f"{r['ttft_ms']['p99']:.0f}", verdict)
+    for r in doc.results:
+        verdict = "holds" if r.holds else ("thrashes" if r.thrashes else
+                                           f"short at {list(r.short_turns)}")
+        t.add_row(str(r.pool_tokens), r.policy, str(r.host_pool_tokens),
+                  f"{r.hit_rate:.3f}", _by_turn(r.hit_rate_by_turn),
+                  str(r.evicted_then_returned), f"{r.ttft_ms.p50:.0f}",
+                  f"{r.ttft_ms.p99:.0f}", verdict)
     return t
 
 
@@ -282,7 +284,7 @@ def cache(
                                 "queueing for pool room and behind other prefills, chunked "
                                 "prefill-first batches, host load-back over PCIe"}
         grid = [(p, pol, h) for p in pools for pol in policies for h in hosts]
-        results: list[dict[str, Any]] = []
+        results: list[CacheResult] = []
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task("replaying the trace", total=len(grid) + 1)
@@ -294,21 +296,21 @@ def cache(
                 bar.advance(task)
         doc = cache_document(trace_info, target, reference, results, card_pool)
         if out_path is not None:
-            write_json(out_path, doc)
+            write_json(out_path, doc.to_json())
     if as_json:
-        print_json(doc)
+        print_json(doc.to_json())
         return
-    ws = doc["working_set_tokens"]
-    out.print(f"trace: {trace_info['sessions']} sessions, {trace_info['requests']} turns over "
-              f"{trace_info['span_s'] / 60:.1f} min; working set peak {ws['peak']} tokens, "
-              f"mean {ws['mean']:.0f}; unbounded pool hit rate "
-              f"{doc['unbounded']['hit_rate']:.3f} "
-              f"({_by_turn(doc['unbounded']['hit_rate_by_turn'])})")
+    ws = doc.working_set_tokens
+    out.print(f"trace: {doc.trace.sessions} sessions, {doc.trace.requests} turns over "
+              f"{doc.trace.span_s / 60:.1f} min; working set peak {ws.peak} tokens, "
+              f"mean {ws.mean:.0f}; unbounded pool hit rate "
+              f"{doc.unbounded.hit_rate:.3f} "
+              f"({_by_turn(doc.unbounded.hit_rate_by_turn)})")
     out.print(results_table(doc))
     if not spec.is_calibrated:
         out.print(f"[yellow]{uncalibrated_note(spec.gpu.name)}[/]", highlight=False)
-    rec = doc["recommendation"]
-    out.print(f"recommendation: pool {rec['pool_tokens']} tokens, {rec['policy']}, host tier "
-              f"{rec['host_pool_tokens'] or 'off'}: {rec['reason']}")
+    rec = doc.recommendation
+    out.print(f"recommendation: pool {rec.pool_tokens} tokens, {rec.policy}, host tier "
+              f"{rec.host_pool_tokens or 'off'}: {rec.reason}")
     if out_path is not None:
         out.print(f"wrote {out_path}")

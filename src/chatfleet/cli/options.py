@@ -10,6 +10,7 @@ from typing import Any
 
 from chatfleet.cli.common import console, fail, parse_list
 from chatfleet.core.calibration import Calibration
+from chatfleet.core.documents.sweep import ClosedLoad, Load, OpenLoad
 from chatfleet.core.engine.build import ENGINE_MODELS
 from chatfleet.core.specs import get_gpu
 from chatfleet.core.workload import GROUP_DRAWS, GroupDraw, LengthSpec
@@ -67,17 +68,13 @@ def parse_group_draw(text: str) -> GroupDraw:
     fail(f"unknown --group-draw {text!r}: {', '.join(GROUP_DRAWS)}")
 
 
-def build_loads(concurrency: str | None, rate: str | None,
-                arrival: str) -> list[dict[str, Any]]:
+def build_loads(concurrency: str | None, rate: str | None, arrival: str) -> list[Load]:
     """The load points of a sweep: closed-loop user counts, then open-loop rates."""
-    loads: list[dict[str, Any]] = [
-        {"mode": "closed", "concurrency": c}
-        for c in parse_list(concurrency, int, "--concurrency")
-    ] if concurrency else []
+    loads: list[Load] = [ClosedLoad(c) for c in parse_list(concurrency, int, "--concurrency")
+                         ] if concurrency else []
     if rate:
         b = parse_arrival(arrival)
-        loads += [{"mode": "open", "rate_rps": r, "arrival": arrival, "burstiness": b}
-                  for r in parse_list(rate, float, "--rate")]
+        loads += [OpenLoad(r, arrival, b) for r in parse_list(rate, float, "--rate")]
     if not loads:
         fail("nothing to run: give --concurrency or --rate")
     return loads

@@ -137,11 +137,11 @@ def plan(
         with progress_bars() as progress:
             doc = make_plan(req, progress)
         if out_path is not None:
-            write_json(out_path, doc)
-        if gateway_config_out is not None and doc.get("gateway_config"):
+            write_json(out_path, doc.to_json())
+        if gateway_config_out is not None and doc.gateway_config:
             write_atomic(gateway_config_out, gateway_yaml(doc))
     if as_json:
-        print_json(doc)
+        print_json(doc.to_json())
         return
     print_answer(doc)
     for path in (out_path, gateway_config_out):

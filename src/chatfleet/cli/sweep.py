@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, request_stop
 from chatfleet.bench.telemetry import parse_telemetry_spec
 from chatfleet.cli.common import check_output_dir, clean_errors, console, fail, out
 from chatfleet.cli.options import GROUP_DRAW_HELP, build_lengths, build_loads, parse_group_draw
-from chatfleet.cli.render import knee_lines, sweep_table
+from chatfleet.cli.render import knee_lines, load_label, sweep_table
 from chatfleet.core.defaults import (
     COOLDOWN_MAX_S,
     DRAIN_S,
@@ -23,7 +24,8 @@ from chatfleet.core.defaults import (
     SYSTEM_PROMPT_TOKENS,
     WARMUP_S,
 )
-from chatfleet.core.metrics import SLO
+from chatfleet.core.documents.sweep import SweepDoc, SweepPoint
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.engines import get_adapter
 
@@ -138,29 +140,28 @@ def sweep(
                             MofNCompleteColumn(), TimeElapsedColumn(), console=console)
         task = progress.add_task(f"sweep {engine} ({len(loads)} runs)", total=len(loads))
 
-        def on_event(kind: str, info: dict[str, Any]) -> None:
+        def on_event(kind: str, info: Mapping[str, Any]) -> None:
             if kind == "run":
-                load = info["load"]
-                label = (f"{load['concurrency']} users" if load["mode"] == "closed"
-                         else f"{load['rate_rps']} rps")
-                progress.update(task, description=f"run {info['index']}: {label}, seed "
-                                f"{info['seed']}")
+                progress.update(task, description=f"run {info['index']}: "
+                                f"{load_label(info['load'])}, seed {info['seed']}")
             elif kind in ("point", "skip"):
                 progress.advance(task)
-                if kind == "point" and not info.get("valid", True):
-                    console.print(f"[yellow]run {info['run_index']} invalid:[/] "
-                                  f"{info['invalid_reason']}")
+                point: SweepPoint | None = info.get("point")
+                if point is not None and not point.valid:
+                    console.print(f"[yellow]run {point.run_index} invalid:[/] "
+                                  f"{point.invalid_reason}")
             elif kind == "refine":
                 progress.update(task, total=(progress.tasks[0].total or 0) + 1)
             elif kind == "refine_budget":
                 console.print(f"[yellow]refinement stopped:[/] its {info['budget_s']:g} s "
-                              f"budget is spent (next would have been {info['load']})")
+                              f"budget is spent (next would have been "
+                              f"{load_label(info['load'])})")
             elif kind == "cooldown":
                 progress.update(task, description=f"run {info['index']}: cooling down")
 
         sweep_run = LiveSweep(cfg, on_event)
 
-        async def main() -> dict[str, Any]:
+        async def main() -> SweepDoc:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGINT, request_stop, sweep_run)
             try:

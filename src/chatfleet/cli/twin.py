@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -31,12 +30,13 @@ from chatfleet.cli.options import (
     profile_calibration,
     read_sweep_file,
 )
-from chatfleet.cli.render import knee_lines, sweep_table
+from chatfleet.cli.render import knee_lines, load_label, sweep_table
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
+from chatfleet.core.documents.sweep import SweepDoc, load_from_json
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.fleet.fleet import FleetSettings
-from chatfleet.core.metrics import SLO
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.io import write_json
@@ -114,9 +114,7 @@ def calibrate_cmd(
                 "tok/s live", "tok/s twin"):
         t.add_column(col, justify="right")
     for row in prof["fit_error"]:
-        load = row["load"]
-        label = (f"{load['concurrency']} users" if load["mode"] == "closed"
-                 else f"{load['rate_rps']} rps")
+        label = load_label(load_from_json(row["load"]))
         t.add_row(label, "yes" if row["fitted_on"] else "",
                   f"{row['ttft_p50']['live']:.0f}", f"{row['ttft_p50']['twin']:.0f}",
                   f"{row['tpot_p50']['live']:.1f}", f"{row['tpot_p50']['twin']:.1f}",
@@ -242,16 +240,16 @@ def sweep(
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task(title, total=len(loads))
 
-            def on_point(partial: dict[str, Any]) -> None:
+            def on_point(partial: SweepDoc) -> None:
                 if json_out is not None:
-                    write_json(json_out, partial)
-                if len(partial["points"]) > len(loads):  # a refinement point
-                    bar.update(task, total=len(partial["points"]))
+                    write_json(json_out, partial.to_json())
+                if len(partial.points) > len(loads):  # a refinement point
+                    bar.update(task, total=len(partial.points))
                 bar.advance(task)
 
             doc = sweeper.run(loads, refine=refine, on_point=on_point)
     if print_doc:
-        print_json(doc)
+        print_json(doc.to_json())
         return
     out.print(sweep_table(doc, title))
     if not is_calibrated(spec):

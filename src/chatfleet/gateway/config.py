@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from chatfleet.core.documents.fields import DocumentError
+from chatfleet.core.documents.sweep import SweepDoc
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.fleet.prompt import SharedPrompt
@@ -457,11 +459,14 @@ def key_limits(cfg: GatewayConfig) -> dict[str, int]:
 def cap_from_sweep(path: Path) -> int:
     """A sweep document's `recommended_cap` (chatfleet.sweep/1)."""
     try:
-        doc = json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot read a sweep from {path}: {exc}") from exc
-    cap = doc.get("recommended_cap") if isinstance(doc, dict) else None
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+    try:
+        cap = SweepDoc.from_json(raw, str(path)).recommended_cap
+    except DocumentError as exc:
+        raise ConfigError(f"{exc}: --cap-from needs a chatfleet.sweep/1 document") from None
+    if cap is None or cap < 1:
         raise ConfigError(f"{path} has no recommended_cap (a chatfleet.sweep/1 document whose "
                           "knee was found carries one)")
     return cap

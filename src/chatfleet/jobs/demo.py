@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from chatfleet.bench.client import StreamOutcome
 from chatfleet.core.defaults import SEED
+from chatfleet.core.documents.plan import Plan, Recommendation
+from chatfleet.core.documents.sweep import ClosedLoad, Load, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO, sweep_document
+from chatfleet.core.measure.knee import sweep_document
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import SessionProfile
 from chatfleet.io import write_json
@@ -51,46 +54,47 @@ class DemoConfig:
     profile: SessionProfile = field(default_factory=SessionProfile)  # the plan's and the live run's
 
 
-def run_plan(cfg: DemoConfig, progress: Progress | None) -> dict[str, Any]:
+def run_plan(cfg: DemoConfig, progress: Progress | None) -> Plan:
     req = PlanRequest(get_gpu(GPU), builtin_model(MODEL), users=cfg.users, seed=cfg.seed,
                       cap_margin=cfg.cap_margin, profile=cfg.profile)
     plan = make_plan(req, progress)
-    write_json(cfg.out / "plan.json", plan)
-    for name, sweep in plan["sweeps"].items():
-        write_json(cfg.out / f"twin-{name}.json", sweep["document"])
+    write_json(cfg.out / "plan.json", plan.to_json())
+    for name, sweep in plan.sweeps.items():
+        write_json(cfg.out / f"twin-{name}.json",
+                   None if sweep.document is None else sweep.document.to_json())
     return plan
 
 
-def run_live(cfg: DemoConfig, plan: dict[str, Any]) -> dict[str, Any]:
+def run_live(cfg: DemoConfig, plan: Plan) -> dict[str, Any]:
     """The recommended precision on `replicas` simserver replicas behind the gateway at the
     recommended cap, `overload` times the fleet's cap of closed-loop users for `live_s`."""
-    rec = plan["recommendation"]
-    gw = plan["gateway_config"]
-    spec = EngineSpec(get_gpu(GPU), builtin_model(MODEL), precision(rec["weights"],
-                                                                    rec["kv_cache"]),
-                      max_running_requests=rec["engine_guard"])
+    rec: Recommendation | None = plan.recommendation
+    gw = plan.gateway_config
+    assert rec is not None and gw is not None  # run only for a plan with a recommendation
+    spec = EngineSpec(get_gpu(GPU), builtin_model(MODEL), precision(rec.weights, rec.kv_cache),
+                      max_running_requests=rec.engine_guard)
     wcfg = cfg.profile.workload()
-    fleet = FleetConfig(replicas=cfg.replicas, cap=rec["gateway_cap"],
-                        queue_depth=rec["gateway_cap"] * cfg.replicas,
+    fleet = FleetConfig(replicas=cfg.replicas, cap=rec.gateway_cap,
+                        queue_depth=rec.gateway_cap * cfg.replicas,
                         ttft_budget_s=gw["ttft_budget_s"],
                         prefill_reserve_s=gw["prefill_reserve_s"], hop_s=MEASURED_HOP_S)
-    users = round(cfg.overload * cfg.replicas * rec["gateway_cap"])
-    load = {"mode": "closed", "concurrency": users}
+    users = round(cfg.overload * cfg.replicas * rec.gateway_cap)
+    load = ClosedLoad(users)
     live_dir = cfg.out / "live"
     live_dir.mkdir(parents=True, exist_ok=True)
     res = run_fleet_parity(spec, wcfg, load, fleet, duration_s=cfg.live_s,
                            warmup_s=cfg.warmup_s, seed=cfg.seed, trace=live_dir / "trace.jsonl")
-    live = dict(res.live_point)
-    live["fleet"] = {**fleet.to_json(), "max_in_flight_seen_by_replicas": res.max_in_flight}
+    live = replace(res.live_point, fleet=replace(
+        fleet.block(), max_in_flight_seen_by_replicas=res.max_in_flight))
     target = {**target_block(spec), "engine": "simserver", "via": "chatfleet gateway",
               "fleet": fleet.to_json()}
     workload = {**wcfg.to_json(), "duration_s": cfg.live_s, "warmup_s": cfg.warmup_s,
                 "seed": cfg.seed}
     doc = sweep_document(target, workload, SLO(), [live])
-    write_json(live_dir / "sweep.json", doc)
-    proof = proof_document(cfg, rec["gateway_cap"], load, target, live, res)
+    write_json(live_dir / "sweep.json", doc.to_json())
+    proof = proof_document(cfg, rec.gateway_cap, load, target, live, res)
     write_json(live_dir / PROOF_FILE, proof)
-    return {"users": users, "cap": rec["gateway_cap"], "replicas": cfg.replicas,
+    return {"users": users, "cap": rec.gateway_cap, "replicas": cfg.replicas,
             "live": proof["live"], "twin": proof["twin"],
             "max_in_flight_seen_by_replicas": res.max_in_flight,
             "sweep": str(live_dir / "sweep.json"), "proof": str(live_dir / PROOF_FILE)}
@@ -99,37 +103,38 @@ def run_live(cfg: DemoConfig, plan: dict[str, Any]) -> dict[str, Any]:
 PROOF_FILE = "proof.json"
 
 
-def proof_document(cfg: DemoConfig, cap: int, load: dict[str, Any], target: dict[str, Any],
-                   live: dict[str, Any], res: FleetParity) -> dict[str, Any]:
+def proof_document(cfg: DemoConfig, cap: int, load: Load, target: dict[str, Any],
+                   live: SweepPoint, res: FleetParity) -> dict[str, Any]:
     """The live run as a chatfleet.live-proof/1 document (docs/report.md): the cap, the load
     as a multiple of the fleet's cap, attempts, shed (with Retry-After), admitted attainment
     and each replica's own peak in flight from its trace, the twin's prediction beside it."""
     window = (cfg.warmup_s, cfg.warmup_s + cfg.live_s)
-    twin_peaks = res.twin_point.get("fleet", {}).get("max_in_flight", [])
+    twin = res.twin_point
+    twin_peaks = (() if twin is None or twin.fleet is None or twin.fleet.max_in_flight is None
+                  else twin.fleet.max_in_flight)
     return {
         "schema": PROOF_SCHEMA,
         "target": {k: target[k] for k in ("gpu", "model", "weights", "kv_cache", "engine",
                                           "via")},
-        "replicas": cfg.replicas, "cap_per_replica": cap, "load": load,
+        "replicas": cfg.replicas, "cap_per_replica": cap, "load": load.to_json(),
         "load_multiple": cfg.overload, "duration_s": cfg.live_s, "warmup_s": cfg.warmup_s,
-        "live": {**summary(live), **shed_answers(res.drive.outcomes, load["mode"], window),
+        "live": {**summary(live), **shed_answers(res.drive.outcomes, load.mode, window),
                  "peak_in_flight": dict(sorted(res.max_in_flight.items()))},
-        "twin": {**summary(res.twin_point),
+        "twin": {**(summary(twin) if twin is not None else {}),
                  "peak_in_flight": {f"replica-{i}": n for i, n in enumerate(twin_peaks)}},
         "peak_in_flight_source": "the replicas' own traces (trace.jsonl)",
         "files": {"sweep": "sweep.json", "trace": "trace.jsonl"},
     }
 
 
-def summary(point: dict[str, Any]) -> dict[str, Any]:
+def summary(point: SweepPoint) -> dict[str, Any]:
     """The proof's figures of one side's point: attempts are the point's offered requests
     (every attempt of the window, the retries of shed users included)."""
-    r = point["requests"]
-    return {"attempts": r["offered"], "completed": r["completed"],
-            "shed": r["shed"], "failed": r["failed"],
-            "admitted_attainment": point.get("admitted_attainment"),
-            "attainment": point["attainment"], "ttft_p99_ms": point["ttft_ms"]["p99"],
-            "tpot_p99_ms": point["tpot_ms"]["p99"], "goodput_rps": point["goodput_rps"]}
+    r = point.requests
+    return {"attempts": r.offered, "completed": r.completed, "shed": r.shed,
+            "failed": r.failed, "admitted_attainment": point.admitted_attainment,
+            "attainment": point.attainment, "ttft_p99_ms": point.ttft_ms.p99,
+            "tpot_p99_ms": point.tpot_ms.p99, "goodput_rps": point.goodput_rps}
 
 
 def shed_answers(outcomes: Sequence[StreamOutcome], mode: str,
@@ -152,11 +157,11 @@ def run_demo(cfg: DemoConfig, progress: Progress | None = None,
     say("the plan through the twin: BF16 and FP8 sweeps, knees bisected to one user")
     plan = run_plan(cfg, progress)
     result: dict[str, Any] = {"out": str(cfg.out), "plan": str(cfg.out / "plan.json")}
-    sources = [cfg.out / f"twin-{name}.json" for name in plan["sweeps"]]
-    if cfg.live and plan.get("recommendation"):
-        rec = plan["recommendation"]
+    sources = [cfg.out / f"twin-{name}.json" for name in plan.sweeps]
+    if cfg.live and plan.recommendation is not None:
+        rec = plan.recommendation
         say(f"live: {cfg.replicas} simserver replicas behind the gateway at cap "
-            f"{rec['gateway_cap']}, {cfg.overload:g}x the fleet's cap for {cfg.live_s:g} s")
+            f"{rec.gateway_cap}, {cfg.overload:g}x the fleet's cap for {cfg.live_s:g} s")
         result["live"] = run_live(cfg, plan)
     say("the report")
     # the live run is a proof of the cap, not a sweep: its own section, never a knee line

@@ -14,9 +14,12 @@ import orjson
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
 from chatfleet.core.defaults import TWIN_DRAIN_S
+from chatfleet.core.documents.sweep import ClosedLoad, EngineBlock, Load, SweepPoint
 from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.fleet.fleet import FleetTrace, replay
-from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.measure.percentiles import percentiles
+from chatfleet.core.measure.point import summarize_point
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import ClosedLoop, Workload, WorkloadConfig, driver_for
 from chatfleet.gateway.app import Gateway
 from chatfleet.gateway.config import GatewayConfig, Overrides, Routing
@@ -29,38 +32,37 @@ from chatfleet.twin.run import run_point
 
 @dataclass(slots=True)
 class ParityResult:
-    twin: dict[str, Any]
-    live: dict[str, Any]
-    live_engine: dict[str, Any]
+    twin: SweepPoint
+    live: SweepPoint
+    live_engine: EngineBlock
     emission_lag_ms: dict[str, float]
     drive: DriveResult
 
 
-def engine_from_trace(path: Path, start: float, end: float) -> dict[str, Any]:
+def engine_from_trace(path: Path, start: float, end: float) -> EngineBlock:
     """The engine block (as the twin reports it) from a simserver trace's step rows."""
     rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
     steps = [r for r in rows if r["type"] == "step" and start <= r["t"] <= end]
     dec = [r for r in steps if r["kind"] == "decode"]
-    return {
-        "max_running": max((r["batch"] for r in dec), default=0),
-        "max_queue": max((r["queue"] for r in dec), default=0),
-        "peak_token_usage": max((r["token_usage"] for r in dec), default=0.0),
-    }
+    return EngineBlock(max_running=max((r["batch"] for r in dec), default=0),
+                       max_queue=max((r["queue"] for r in dec), default=0),
+                       peak_token_usage=max((r["token_usage"] for r in dec), default=0.0))
 
 
 def emission_lag(path: Path, scale: float) -> dict[str, float]:
+    """How late the simserver emitted its tokens against its plan, ms: p50, p99 (linear, as
+    every request figure: core.measure.percentiles), max and n."""
     rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
-    lags = sorted((r["actual"] - r["planned"]) * 1000 / scale for r in rows
-                  if r["type"] == "token")
+    lags = [(r["actual"] - r["planned"]) * 1000 / scale for r in rows if r["type"] == "token"]
     if not lags:
         return {"n": 0}
-    return {"p50": lags[len(lags) // 2], "p99": lags[int(len(lags) * 0.99)],
-            "max": lags[-1], "n": len(lags)}
+    q = percentiles(lags, (50.0, 99.0))
+    return {"p50": q["p50"], "p99": q["p99"], "max": max(lags), "n": len(lags)}
 
 
 def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s: float,
                warmup_s: float, seed: int, time_scale: float, trace: Path) -> ParityResult:
-    load = {"mode": "closed", "concurrency": users}
+    load = ClosedLoad(users)
     twin = run_point(spec, wcfg, load, duration_s=duration_s, warmup_s=warmup_s, seed=seed)
     trace.unlink(missing_ok=True)
     end = warmup_s + duration_s
@@ -74,7 +76,7 @@ def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s
 
         res = asyncio.run(main())
     live = summarize_point(res.records, load=load, window=(warmup_s, end), slo=SLO(),
-                           mode="closed", seed=seed, flushed=True, time_scale=time_scale)
+                           seed=seed, flushed=True, time_scale=time_scale)
     return ParityResult(twin.point, live, engine_from_trace(trace, warmup_s, end),
                         emission_lag(trace, time_scale), res)
 
@@ -92,8 +94,8 @@ class FleetParity:
 
     twin: Outcomes
     live: Outcomes
-    twin_point: dict[str, Any]
-    live_point: dict[str, Any]
+    twin_point: SweepPoint | None  # None when the twin was not run
+    live_point: SweepPoint
     max_in_flight: dict[str, int]
     drive: DriveResult
     twin_records: list[Any]
@@ -178,7 +180,7 @@ def max_in_flight_from_trace(path: Path) -> dict[str, int]:
     return out
 
 
-def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any],
+def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
                      fleet: Any, *, duration_s: float, warmup_s: float, seed: int,
                      trace: Path, run_twin: bool = True,
                      arrival_times: list[float] | None = None) -> FleetParity:
@@ -189,7 +191,7 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any
     names = [f"replica-{i}" for i in range(fleet.replicas)]
     end = warmup_s + duration_s
     twin: Outcomes = {}
-    twin_point: dict[str, Any] = {}
+    twin_point: SweepPoint | None = None
     twin_records: list[Any] = []
     if run_twin:
         run = run_fleet_point(spec, wcfg, load, fleet, duration_s=duration_s,
@@ -232,7 +234,7 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any
             outcome = rec.outcome  # ok, error, timeout, ...
         live[_key(rec.session_id, rec.turn, rec.request_id)] = (outcome, replica)
     live_point = summarize_point(res.records, load=load, window=(warmup_s, end), slo=SLO(),
-                                 mode=load["mode"], seed=seed, flushed=True)
+                                 seed=seed, flushed=True)
     replayed = [(d.request.request_id, d.outcome, d.replica)
                 for d in replay(calls, {}, fleet_settings(cfg), step_time_model(spec))]
     logged = [(row.request_id, row.outcome, row.replica) for row in log.rows]

@@ -11,17 +11,38 @@ files and builds the commands.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from chatfleet import __version__
 from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
+from chatfleet.core.documents.fields import DocumentError
+from chatfleet.core.documents.plan import (
+    Cooling,
+    CoolingProfile,
+    Doubling,
+    DoublingRun,
+    HostTier,
+    Launch,
+    Plan,
+    PoolFigures,
+    PrecisionEntry,
+    Recommendation,
+    SweepRef,
+)
+from chatfleet.core.documents.sweep import (
+    SCHEMA,
+    ClosedLoad,
+    GpuBlock,
+    Load,
+    OpenLoad,
+    SweepDoc,
+)
 from chatfleet.core.engine.build import EngineSpec, thermal_profile_of
 from chatfleet.core.engine.thermal import cooling_need
 from chatfleet.core.memory import PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
-from chatfleet.core.metrics import SCHEMA, SLO
 from chatfleet.core.plan import (
     PlanError,
     PrecisionFigures,
@@ -34,6 +55,7 @@ from chatfleet.core.plan import (
     prefill_reserve_s,
     working_set_tokens,
 )
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import GIB, GPU, HF_MODEL_IDS, Model, precision
 from chatfleet.core.workload import SessionProfile
 from chatfleet.engines import SGLangAdapter, VLLMAdapter
@@ -42,7 +64,6 @@ from chatfleet.gateway.config import parse_config
 from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig, run_fleet_point
 from chatfleet.twin.sweep import TwinSweep
 
-PLAN_SCHEMA = "chatfleet.plan/1"
 DEFAULT_GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_RATES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
 SGLANG_PORT = 30000
@@ -90,13 +111,16 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
-def load_sweep(path: Path) -> dict[str, Any]:
+def load_sweep(path: Path) -> SweepDoc:
     """A chatfleet.sweep/1 document: a file, or a live sweep's directory (DIR/sweep.json)."""
     file = path / "sweep.json" if path.is_dir() else path
     doc = _read_json(file, "sweep")
     if doc.get("schema") != SCHEMA:
         raise PlanError(f"sweep {file}: schema is {doc.get('schema')!r}, not {SCHEMA}")
-    return doc
+    try:
+        return SweepDoc.from_json(doc, f"sweep {file}")
+    except DocumentError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def load_accuracy(path: Path) -> dict[str, Any]:
@@ -131,7 +155,7 @@ def pool_of(req: PlanRequest, weights: str, kv: str) -> PoolPlan | VLLMPoolPlan:
                      system_prompt_tokens=prof.system_prompt_tokens)
 
 
-def pool_json(req: PlanRequest, pool: PoolPlan | VLLMPoolPlan) -> dict[str, Any]:
+def pool_json(req: PlanRequest, pool: PoolPlan | VLLMPoolPlan) -> PoolFigures:
     """The pool's figures, with what fits in it (vLLM's as SGLang's are counted)."""
     out = pool.to_json()
     if isinstance(pool, VLLMPoolPlan):
@@ -140,22 +164,21 @@ def pool_json(req: PlanRequest, pool: PoolPlan | VLLMPoolPlan) -> dict[str, Any]
         out.update(request_tokens=request, system_prompt_tokens=system,
                    requests_fit=max(0, (pool.kv_pool_tokens - system) // request),
                    prompts_fit=pool.kv_pool_tokens // system if system else 0)
-    return out
+    return PoolFigures(out)
 
 
 def twin_sweep(req: PlanRequest, weights: str, kv: str,
-               tick: Callable[[], None]) -> dict[str, Any]:
+               tick: Callable[[], None]) -> SweepDoc:
     """A flushed closed-loop grid and a fixed-rate grid through the twin, both knees refined."""
-    loads: list[dict[str, Any]] = [{"mode": "closed", "concurrency": c} for c in req.grid]
-    loads += [{"mode": "open", "rate_rps": r, "arrival": "poisson", "burstiness": 1.0}
-              for r in req.rates]
+    loads: list[Load] = [ClosedLoad(c) for c in req.grid]
+    loads += [OpenLoad(r, "poisson", 1.0) for r in req.rates]
     sweeper = TwinSweep(engine_spec(req, weights, kv), req.profile.workload(), req.slo,
                         duration_s=req.duration_s, warmup_s=req.warmup_s, seed=req.seed)
     return sweeper.run(loads, refine=True, on_point=lambda _: tick())
 
 
 def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
-             queue_depth: int) -> dict[str, Any]:
+             queue_depth: int) -> Doubling:
     """An hour at the target users and an hour at twice as many, each with the thermal model
     off (what the traffic alone does: the queue, the sheds) and on (what the clocks add),
     through a slice of the fleet: the gateway's own admission and routing in front, the engine
@@ -169,55 +192,55 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
     fleet = FleetConfig(replicas=k, cap=fig.gateway_cap, queue_depth=queue_depth,
                         ttft_budget_s=budget, hop_s=MEASURED_HOP_S,
                         prefill_reserve_s=prefill_reserve_s(fig, budget))
-    runs: list[dict[str, Any]] = []
+    runs: list[DoublingRun] = []
     for traffic, factor in (("target", 1), ("doubled", 2)):
         users = max(1, round(req.users * factor * k / replicas))
         for thermal in (False, True):
             spec = engine_spec(req, fig.weights, fig.kv_cache, thermal=thermal,
                                max_running_requests=fig.gateway_cap)
-            p = run_fleet_point(spec, req.profile.workload(),
-                                {"mode": "closed", "concurrency": users}, fleet,
+            p = run_fleet_point(spec, req.profile.workload(), ClosedLoad(users), fleet,
                                 duration_s=req.doubling_hours * 3600.0, warmup_s=60.0,
                                 seed=req.seed + 1000 + factor, slo=req.slo).point
-            r = p["requests"]
-            run: dict[str, Any] = {
-                "traffic": traffic, "thermal_model": thermal, "users_simulated": users,
-                "requests": r, "shed_share": round(r["shed"] / max(1, r["offered"]), 4),
-                "attainment": p["attainment"],
-                "admitted_attainment": p.get("admitted_attainment"),
-                "goodput_rps_per_replica": round(p["goodput_rps"] / k, 4),
-                "ttft_ms": p["ttft_ms"], "tpot_ms": p["tpot_ms"],
-                "gateway_queue_max": p["fleet"]["max_queue"],
-                "max_in_flight": p["fleet"]["max_in_flight"], "gpu": p["gpu"],
-            }
-            if thermal:
-                run["cooling"] = cooling_block(spec, runs[-1]["gpu"], p["gpu"])
-            runs.append(run)
-    return {"hours": req.doubling_hours, "users": req.users, "doubled_users": 2 * req.users,
-            "replicas": replicas, "replicas_simulated": k, "runs": runs}
+            assert p.fleet is not None and p.fleet.max_in_flight is not None
+            r = p.requests
+            runs.append(DoublingRun(
+                traffic=traffic, thermal_model=thermal, users_simulated=users, requests=r,
+                shed_share=round(r.shed / max(1, r.offered), 4), attainment=p.attainment,
+                admitted_attainment=p.admitted_attainment,
+                goodput_rps_per_replica=round(p.goodput_rps / k, 4),
+                ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, gateway_queue_max=p.fleet.max_queue,
+                max_in_flight=p.fleet.max_in_flight, gpu=p.gpu,
+                cooling=cooling_block(spec, runs[-1].gpu, p.gpu) if thermal else None))
+    return Doubling(hours=req.doubling_hours, users=req.users, doubled_users=2 * req.users,
+                    replicas=replicas, replicas_simulated=k, runs=tuple(runs))
 
 
-def cooling_block(spec: EngineSpec, cool: Mapping[str, Any],
-                  hot: Mapping[str, Any]) -> dict[str, Any]:
+def cooling_block(spec: EngineSpec, cool: GpuBlock, hot: GpuBlock) -> Cooling:
     """The thermal verdict of one traffic level: the load's mix at the loaded clock (`cool`,
     the thermal-off run's gpu block), what that asks of the modelled cooling, and what the
     card did under it (`hot`, the thermal-on run's)."""
     profile = thermal_profile_of(spec)
-    need = cooling_need(profile, cool["busy_share"], cool["prefill_share"] or 0.0)
-    return {
-        "profile": {"inlet_c": profile.ambient_c, "r_c_per_w": round(profile.r_c_per_w, 3),
-                    "tau_s": round(profile.tau_s, 1), "slowdown_c": profile.slowdown_c,
-                    "loaded_mhz": profile.loaded_mhz, "source": profile.source},
-        "busy_share": cool["busy_share"], "prefill_share": cool["prefill_share"],
-        **need.to_json(),
-        "held_clock": hot["thermal_slowdown_share"] == 0.0,
-        "slowdown_after_s": hot.get("slowdown_after_s"),
-        "settled_mhz": hot["sm_clock_mhz"]["p50"],
-    }
+    assert cool.modelled is not None  # the twin's gpu blocks carry their modelled figures
+    mix = cool.modelled
+    need = cooling_need(profile, mix.busy_share, mix.prefill_share or 0.0).to_json()
+    return Cooling(
+        profile=CoolingProfile(inlet_c=profile.ambient_c,
+                               r_c_per_w=round(profile.r_c_per_w, 3),
+                               tau_s=round(profile.tau_s, 1), slowdown_c=profile.slowdown_c,
+                               loaded_mhz=profile.loaded_mhz, source=profile.source),
+        busy_share=mix.busy_share, prefill_share=mix.prefill_share,
+        loaded_power_w=need["loaded_power_w"], decode_power_w=need["decode_power_w"],
+        hold_w=need["hold_w"], steady_temp_c=need["steady_temp_c"],
+        holds_clock=bool(need["holds_clock"]), max_inlet_c=need["max_inlet_c"],
+        max_r_c_per_w=need["max_r_c_per_w"], cooling_factor=need["cooling_factor"],
+        max_busy_share=need["max_busy_share"],
+        held_clock=hot.thermal_slowdown_share == 0.0,
+        slowdown_after_s=None if hot.modelled is None else hot.modelled.slowdown_after_s,
+        settled_mhz=hot.sm_clock_mhz.p50)
 
 
 def launch_commands(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan | VLLMPoolPlan,
-                    tier: Mapping[str, Any]) -> dict[str, LaunchCommand]:
+                    tier: HostTier) -> dict[str, LaunchCommand]:
     """SGLang's and vLLM's launch commands for one replica at the plan's figures (vLLM's only
     when the figures come from the vLLM model)."""
     assert fig.gateway_cap is not None
@@ -238,8 +261,8 @@ def launch_commands(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan | VL
                           "cache size' in vLLM's log")
         return {"vllm": vllm}
     extra = ["--radix-eviction-policy", req.eviction]
-    if tier.get("enable"):
-        extra += ["--enable-hierarchical-cache", "--hicache-ratio", str(tier["hicache_ratio"])]
+    if tier.enable:
+        extra += ["--enable-hierarchical-cache", "--hicache-ratio", str(tier.hicache_ratio)]
     common: dict[str, Any] = dict(max_running_requests=fig.gateway_cap, host="0.0.0.0",
                                   context_length=context,
                                   chunked_prefill_size=pool.chunked_prefill_size,
@@ -277,7 +300,7 @@ def gateway_config(req: PlanRequest, fig: PrecisionFigures, replicas: int) -> di
 
 
 def host_tier_of(req: PlanRequest, fig: PrecisionFigures,
-                 pool: PoolPlan | VLLMPoolPlan) -> dict[str, Any]:
+                 pool: PoolPlan | VLLMPoolPlan) -> HostTier:
     """The method's host-tier rule (docs/facts.md#the-method) on the working set of a card's
     users at this precision."""
     assert fig.users_per_card is not None
@@ -286,35 +309,36 @@ def host_tier_of(req: PlanRequest, fig: PrecisionFigures,
                             prof.history_tokens())
     host_tokens = int(req.host_kv_gib * GIB // pool.kv_bytes_per_token)
     if isinstance(pool, VLLMPoolPlan):
-        return {"enable": False, "why": "the vLLM model has no host tier (HiCache is "
-                f"SGLang's); the working set is {ws:,} tokens against a pool of "
-                f"{pool.kv_pool_tokens:,}", "working_set_tokens": ws,
-                "host_tokens": host_tokens}
-    return {**host_tier(ws, pool.kv_pool_tokens, host_tokens), "working_set_tokens": ws,
-            "host_tokens": host_tokens}
+        return HostTier(enable=False, why="the vLLM model has no host tier (HiCache is "
+                        f"SGLang's); the working set is {ws:,} tokens against a pool of "
+                        f"{pool.kv_pool_tokens:,}", working_set_tokens=ws,
+                        host_tokens=host_tokens)
+    return replace(host_tier(ws, pool.kv_pool_tokens, host_tokens), working_set_tokens=ws,
+                   host_tokens=host_tokens)
 
 
-def _launch_json(cmd: LaunchCommand) -> dict[str, Any]:
-    return {"argv": cmd.argv, "env": cmd.env, "shell": cmd.shell(), "notes": cmd.notes}
+def _launch(cmd: LaunchCommand) -> Launch:
+    return Launch(argv=tuple(cmd.argv), env=dict(cmd.env), shell=cmd.shell(),
+                  notes=tuple(cmd.notes))
 
 
-def make_plan(req: PlanRequest, progress: Progress | None = None) -> dict[str, Any]:
-    """The whole answer as one JSON-ready document (keys in docs/plan.md)."""
+def make_plan(req: PlanRequest, progress: Progress | None = None) -> Plan:
+    """The whole answer as one document (keys in docs/plan.md)."""
     if req.users < 1:
         raise PlanError("--users must be at least 1")
     accuracy = load_accuracy(req.accuracy) if req.accuracy is not None else None
-    docs: dict[str, tuple[str, dict[str, Any]]] = {}
+    docs: dict[str, tuple[str, SweepDoc]] = {}
     for path in req.sweeps:
         doc = load_sweep(path)
-        t = doc.get("target") or {}
-        name = precision_name(str(t.get("weights")), str(t.get("kv_cache")))
+        t = doc.target
+        name = precision_name(str(t.weights), str(t.kv_cache))
         if name in docs:
             raise PlanError(f"two sweeps of {name}: {docs[name][0]} and {path}")
-        if t.get("gpu") not in (None, req.gpu.name):
-            raise PlanError(f"sweep {path} was measured on {t.get('gpu')}, not {req.gpu.name}")
+        if t.gpu not in (None, req.gpu.name):
+            raise PlanError(f"sweep {path} was measured on {t.gpu}, not {req.gpu.name}")
         docs[name] = (str(path), doc)
-    pairs = ([(str(d["target"]["weights"]), str(d["target"]["kv_cache"]))
-              for _, d in docs.values()] if docs else list(req.precisions))
+    pairs = ([(str(d.target.weights), str(d.target.kv_cache)) for _, d in docs.values()]
+             if docs else list(req.precisions))
     steps = 0 if docs else len(pairs) * (len(req.grid) + len(req.rates) + 8)
     done = 0
 
@@ -335,59 +359,47 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> dict[str, A
     verdicts = accuracy_verdicts(accuracy, [f.name for f in figures])
     best, why = choose_precision(figures, verdicts)
 
-    by_precision: dict[str, Any] = {}
-    tiers: dict[str, dict[str, Any]] = {}
+    by_precision: dict[str, PrecisionEntry] = {}
     for f in figures:
-        entry = {**f.to_json(), "pool": pool_json(req, pools[f.name]),
-                 "accuracy": verdicts[f.name]}
+        entry = PrecisionEntry(figures=f, pool=pool_json(req, pools[f.name]),
+                               accuracy=verdicts[f.name])
         if f.users_per_card:
-            entry.update(fleet_size(req.users, f.users_per_card, req.headroom))
-            tiers[f.name] = host_tier_of(req, f, pools[f.name])
-            entry["host_tier"] = tiers[f.name]
-            entry["launch"] = {k: _launch_json(v) for k, v in
-                               launch_commands(req, f, pools[f.name], tiers[f.name]).items()}
+            size = fleet_size(req.users, f.users_per_card, req.headroom)
+            tier = host_tier_of(req, f, pools[f.name])
+            entry = replace(entry, replicas=size["replicas"], cards=size["cards"],
+                            host_tier=tier,
+                            launch={k: _launch(v) for k, v in
+                                    launch_commands(req, f, pools[f.name], tier).items()})
         by_precision[f.name] = entry
 
-    answer: dict[str, Any] = {}
-    if best is not None:
-        assert best.users_per_card is not None and best.gateway_cap is not None
-        size = fleet_size(req.users, best.users_per_card, req.headroom)
-        gw = gateway_config(req, best, size["replicas"])
-        if progress is not None:
-            progress("target and doubled traffic through the fleet twin", 0, 1)
-        answer = {
-            "recommendation": {
-                "precision": best.name, "weights": best.weights, "kv_cache": best.kv_cache,
-                "users_per_card": best.users_per_card, "gateway_cap": best.gateway_cap,
-                "engine_guard": best.gateway_cap, "goodput_rps": best.goodput_rps,
-                "replicas": size["replicas"], "cards": size["cards"],
-                "headroom": req.headroom, "why": why, "source": best.source,
-            },
-            "host_tier": tiers[best.name],
-            "doubling": doubling(req, best, size["replicas"], gw["queue_depth"]),
-            "launch": by_precision[best.name]["launch"],
-            "gateway_config": gw,
-        }
-        if progress is not None:
-            progress("target and doubled traffic through the fleet twin", 1, 1)
-        top = pool_json(req, pools[best.name])
-    else:
-        answer = {"recommendation": None, "why_none": why}
-        top = pool_json(req, next(iter(pools.values())))
-    return {
-        **top,
-        "schema": PLAN_SCHEMA,
-        "chatfleet_version": __version__,
-        "engine_model": req.engine_model,
-        "target_users": req.users,
-        "slo": req.slo.to_json(),
-        "session_profile": {**req.profile.workload().to_json()},
-        **answer,
-        "by_precision": by_precision,
-        "sweeps": {name: {"source": src,
-                          "document": doc if src == "twin" else None}
-                   for name, (src, doc) in docs.items()},
-    }
+    plan = Plan(pool=pool_json(req, next(iter(pools.values()))), chatfleet_version=__version__,
+                engine_model=req.engine_model, target_users=req.users, slo=req.slo,
+                session_profile={**req.profile.workload().to_json()}, recommendation=None,
+                why_none=why, by_precision=by_precision,
+                sweeps={name: SweepRef(src, doc if src == "twin" else None)
+                        for name, (src, doc) in docs.items()})
+    if best is None:
+        return plan
+    assert best.users_per_card is not None and best.gateway_cap is not None
+    size = fleet_size(req.users, best.users_per_card, req.headroom)
+    gw = gateway_config(req, best, size["replicas"])
+    if progress is not None:
+        progress("target and doubled traffic through the fleet twin", 0, 1)
+    chosen = by_precision[best.name]
+    plan = replace(
+        plan, pool=pool_json(req, pools[best.name]), why_none=None,
+        recommendation=Recommendation(
+            precision=best.name, weights=best.weights, kv_cache=best.kv_cache,
+            users_per_card=best.users_per_card, gateway_cap=best.gateway_cap,
+            engine_guard=best.gateway_cap, goodput_rps=best.goodput_rps,
+            replicas=size["replicas"], cards=size["cards"], headroom=req.headroom, why=why,
+            source=best.source),
+        host_tier=chosen.host_tier,
+        doubling=doubling(req, best, size["replicas"], gw["queue_depth"]),
+        launch=chosen.launch, gateway_config=gw)
+    if progress is not None:
+        progress("target and doubled traffic through the fleet twin", 1, 1)
+    return plan
 
 
 def parse_precisions(text: str) -> tuple[tuple[str, str], ...]:

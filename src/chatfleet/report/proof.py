@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chatfleet.core.documents.fields import DocumentError
+from chatfleet.core.documents.sweep import load_from_json
 from chatfleet.report import human
 from chatfleet.report.human import DASH
 from chatfleet.report.load import ReportInputError, number, read_json
@@ -114,7 +116,10 @@ def _load(proof: LiveProof) -> str:
     load = proof.doc.get("load")
     if not isinstance(load, Mapping) or load.get("mode") not in ("closed", "open"):
         return DASH
-    return load_text(load)
+    try:
+        return load_text(load_from_json(load))
+    except DocumentError:
+        return DASH
 
 
 def headline(proof: LiveProof) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,8 @@ from chatfleet.core.calibration import (
     calibration_to_json,
     fit_point,
 )
-from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
+from chatfleet.core.defaults import DURATION_S, WARMUP_S
+from chatfleet.core.documents.sweep import ClosedLoad, SweepDoc, SweepPoint, Target
 from chatfleet.core.engine.build import ENGINE_MODELS, EngineSpec
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -68,7 +69,7 @@ FRONTEND_TTFT_TOLERANCE = 0.10  # a note when the best grid point is further off
 PROFILE_SCHEMA = "chatfleet.profile/1"
 
 
-def load_sweep(path: Path) -> dict[str, Any]:
+def load_sweep(path: Path) -> SweepDoc:
     if path.is_dir():
         path = path / "sweep.json"
     try:
@@ -79,10 +80,10 @@ def load_sweep(path: Path) -> dict[str, Any]:
         raise ChatfleetError(f"{path} is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != "chatfleet.sweep/1":
         raise ChatfleetError(f"{path} is not a chatfleet.sweep/1 document")
-    return doc
+    return SweepDoc.from_json(doc, str(path))  # a DocumentError is a ChatfleetError
 
 
-def workload_from_json(w: dict[str, Any]) -> tuple[WorkloadConfig, str | None]:
+def workload_from_json(w: Mapping[str, Any]) -> tuple[WorkloadConfig, str | None]:
     """The sweep's workload as a WorkloadConfig (and a note when it is approximated)."""
     lengths = w.get("lengths", {})
     kind = lengths.get("kind", "fixed")
@@ -127,16 +128,16 @@ def _range(spec: LengthSpec, n: int) -> tuple[float, float]:
     return max(1, math.floor(n * (1 - r))), math.ceil(n * (1 + r))
 
 
-def engine_model_of(target: dict[str, Any]) -> str:
+def engine_model_of(target: Target) -> str:
     """The engine model a sweep's target calls for: a twin sweep names it, a live one names its
     engine (anything but vLLM is fitted with the SGLang model)."""
-    named = target.get("engine_model")
+    named = target.engine_model
     if named in ENGINE_MODELS:
         return str(named)
-    return "vllm" if str(target.get("engine", "")).lower() == "vllm" else "sglang"
+    return "vllm" if (target.engine or "").lower() == "vllm" else "sglang"
 
 
-def engine_settings(target: dict[str, Any]) -> dict[str, int]:
+def engine_settings(target: Target) -> dict[str, int]:
     """The engine the sweep measured, where its target records it: the pool (engine log, vLLM's
     cache config, or the twin's own), vLLM's token budget and sequence cap."""
     info = target.get("engine_info") or {}
@@ -159,11 +160,10 @@ def engine_settings(target: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def choose_fit_points(points: list[dict[str, Any]], engine_model: str,
-                      fit_points: Sequence[int] | None) -> list[dict[str, Any]]:
+def choose_fit_points(points: list[SweepPoint], engine_model: str,
+                      fit_points: Sequence[int] | None) -> list[SweepPoint]:
     """The closed-loop points the fit uses, concurrency 1 first."""
-    closed = {int(p["load"]["concurrency"]): p for p in points
-              if p["load"]["mode"] == "closed"}
+    closed = {p.load.concurrency: p for p in points if isinstance(p.load, ClosedLoad)}
     if 1 not in closed:
         raise ChatfleetError("calibration needs a valid concurrency-1 point in the sweep")
     if fit_points is None:
@@ -191,11 +191,11 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
               bandwidth_eff: float | None = None,
               frontend_s: float | str = 0.0) -> dict[str, Any]:
     doc = load_sweep(sweep_path)
-    target = doc.get("target", {})
-    gpu_name = gpu or target.get("gpu")
+    target = doc.target
+    gpu_name = gpu or target.gpu
     model_name = model or target.get("model_spec") or "qwen3-8b"
-    w = weights or target.get("weights")
-    kv = kv_cache or target.get("kv_cache")
+    w = weights or target.weights
+    kv = kv_cache or target.kv_cache
     if not gpu_name or not w or not kv:
         raise ChatfleetError("the sweep's target does not name its GPU and precisions: pass "
                              "--gpu, --weights and --kv-cache")
@@ -205,15 +205,15 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
     card = get_gpu(gpu_name)
     mdl = builtin_model(model_name)
     prec = precision(w, kv)
-    wcfg, note = workload_from_json(doc.get("workload", {}))
-    points = [p for p in doc.get("points", []) if p.get("valid", True)]
+    wcfg, note = workload_from_json(doc.workload)
+    points = [p for p in doc.points if p.valid]
     fitted = choose_fit_points(points, em, fit_points)
     one = fitted[0]
     settings = engine_settings(target)
     mean_in, mean_out = mean_lengths(wcfg.lengths)
     prompt = wcfg.system_prompt_tokens + mean_in
-    cached = min(prompt - 1, one.get("cached_token_share", 0.0) * prompt)
-    loads = [int(p["load"]["concurrency"]) for p in fitted]
+    cached = min(prompt - 1, one.cached_token_share * prompt)
+    loads = [int(p.load.value) for p in fitted]
     held_bw = bandwidth_eff
     if em == "vllm" and held_bw is None:
         held_bw = L4_CALIBRATION.bandwidth_eff  # the physics shared with the SGLang L4 fit
@@ -224,8 +224,8 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
     def fit_one(frontend_s: float, per_seq_s: float) -> Calibration:
         """The concurrency-1 fit with `frontend_s` of its TTFT spent before the engine."""
         c = fit_point(
-            card, mdl, w, kv, tpot_s=one["tpot_ms"]["p50"] / 1000,
-            ttft_s=one["ttft_ms"]["p50"] / 1000 - frontend_s, new_tokens=prompt - cached,
+            card, mdl, w, kv, tpot_s=one.tpot_ms.p50 / 1000,
+            ttft_s=one.ttft_ms.p50 / 1000 - frontend_s, new_tokens=prompt - cached,
             cached_tokens=cached, decode_context=prompt + mean_out / 2,
             decode_fixed_s=decode_fixed_s, gemm_eff=gemm_eff, bandwidth_eff=held_bw,
             source=source, per_seq_s=per_seq_s)
@@ -241,8 +241,8 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
         raise ChatfleetError("the front-end time belongs to the vllm model")
     fixed_frontend = 0.0 if frontend_s == "auto" else float(frontend_s)
     cal = fit_one(fixed_frontend, 0.0)
-    duration = float(doc.get("workload", {}).get("duration_s", DURATION_S))
-    warmup = float(doc.get("workload", {}).get("warmup_s", WARMUP_S))
+    duration = float(doc.workload.get("duration_s", DURATION_S))
+    warmup = float(doc.workload.get("warmup_s", WARMUP_S))
 
     def spec_of(c: Calibration) -> EngineSpec:
         kw: dict[str, Any] = dict(settings)
@@ -251,9 +251,9 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
             kw.pop("max_running_requests", None)
         return EngineSpec(card, mdl, prec, calibration=c, engine_model=em, **kw)
 
-    def replay(c: Calibration, p: dict[str, Any]) -> dict[str, Any]:
-        return run_point(spec_of(c), wcfg, dict(p["load"]), duration_s=duration,
-                         warmup_s=warmup, seed=int(p.get("seed", SEED))).point
+    def replay(c: Calibration, p: SweepPoint) -> SweepPoint:
+        return run_point(spec_of(c), wcfg, p.load, duration_s=duration, warmup_s=warmup,
+                         seed=p.seed).point
 
     notes: list[str] = []
     if len(fitted) > 1 and frontend_s == "auto":
@@ -264,11 +264,12 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
     errors = []
     for p in points:
         tw = replay(cal, p)
-        row: dict[str, Any] = {"load": p["load"], "fitted_on": any(p is f for f in fitted)}
+        row: dict[str, Any] = {"load": p.load.to_json(),
+                               "fitted_on": any(p is f for f in fitted)}
         for key, live, twin in (
-            ("ttft_p50", p["ttft_ms"]["p50"], tw["ttft_ms"]["p50"]),
-            ("tpot_p50", p["tpot_ms"]["p50"], tw["tpot_ms"]["p50"]),
-            ("output_tok_s", p["output_tok_s"], tw["output_tok_s"]),
+            ("ttft_p50", p.ttft_ms.p50, tw.ttft_ms.p50),
+            ("tpot_p50", p.tpot_ms.p50, tw.tpot_ms.p50),
+            ("output_tok_s", p.output_tok_s, tw.output_tok_s),
         ):
             row[key] = {"live": live, "twin": twin,
                         "rel_error": (twin - live) / live if live else None}
@@ -282,7 +283,7 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
         assumptions["bandwidth_eff"] = held_bw
     return {
         "schema": PROFILE_SCHEMA, "gpu": card.name, "model": mdl.name, "weights": w,
-        "kv_cache": kv, "engine": target.get("engine"), "engine_model": em,
+        "kv_cache": kv, "engine": target.engine, "engine_model": em,
         "fit_points": loads,
         "engine_settings": settings, "calibration": calibration_to_json(cal),
         "assumptions": assumptions, "fit_notes": notes,
@@ -290,7 +291,7 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
     }
 
 
-def fit_second_point(fit_one: Any, point: dict[str, Any], one: dict[str, Any],
+def fit_second_point(fit_one: Any, point: SweepPoint, one: SweepPoint,
                      replay: Any) -> tuple[Calibration, list[str]]:
     """`--frontend-ms auto`: the front-end time and the per-sequence cost from the second
     point: the per-sequence cost by bisection on its median TPOT, then the front-end time by a
@@ -298,8 +299,8 @@ def fit_second_point(fit_one: Any, point: dict[str, Any], one: dict[str, Any],
     grid around that one with the per-sequence cost fitted again, and the per-sequence cost
     once more at the end."""
     notes: list[str] = []
-    live = float(point["ttft_ms"]["p50"])
-    ttft1 = float(one["ttft_ms"]["p50"]) / 1000
+    live = float(point.ttft_ms.p50)
+    ttft1 = float(one.ttft_ms.p50) / 1000
     cal, _ = fit_per_seq(fit_one(0.0, 0.0), point, replay)
     step = ttft1 * FRONTEND_MAX_SHARE / FRONTEND_GRID
     best = (float("inf"), 0.0)
@@ -314,12 +315,12 @@ def fit_second_point(fit_one: Any, point: dict[str, Any], one: dict[str, Any],
                 break  # the prefill step would have no fixed cost left
             if c.prefill_fixed_s < c.decode_fixed_s:
                 break  # a prefill step costs at least a decode step's fixed cost
-            err = abs(float(replay(c, point)["ttft_ms"]["p50"]) - live)
+            err = abs(float(replay(c, point).ttft_ms.p50) - live)
             if err < best[0] - 1e-9:
                 best = (err, frontend)
         cal, _ = fit_per_seq(fit_one(best[1], cal.per_seq_s), point, replay)
     if best[0] > FRONTEND_TTFT_TOLERANCE * live:
-        notes.append(f"at concurrency {point['load']['concurrency']} the closest median TTFT "
+        notes.append(f"at concurrency {point.load.value:g} the closest median TTFT "
                      f"the twin reached is {best[0]:.0f} ms off the live {live:.0f} ms")
     cal, note = fit_per_seq(fit_one(best[1], cal.per_seq_s), point, replay)
     if note:
@@ -327,15 +328,15 @@ def fit_second_point(fit_one: Any, point: dict[str, Any], one: dict[str, Any],
     return cal, notes
 
 
-def fit_per_seq(cal: Calibration, point: dict[str, Any],
+def fit_per_seq(cal: Calibration, point: SweepPoint,
                 replay: Any) -> tuple[Calibration, str | None]:
     """The per-sequence cost that makes the twin's median time per output token at `point`
     match the live one (bisection: the twin's TPOT grows with it)."""
-    live = float(point["tpot_ms"]["p50"])
-    users = int(point["load"]["concurrency"])
+    live = float(point.tpot_ms.p50)
+    users = int(point.load.value)
 
     def tpot(x: float) -> float:
-        return float(replay(replace(cal, per_seq_s=x), point)["tpot_ms"]["p50"])
+        return float(replay(replace(cal, per_seq_s=x), point).tpot_ms.p50)
 
     lo, hi = 0.0, live / 1000 / max(1, users - 1)
     if tpot(lo) >= live:

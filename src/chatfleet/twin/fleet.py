@@ -19,14 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatfleet.core.defaults import DURATION_S, SEED, TWIN_DRAIN_S, WARMUP_S
+from chatfleet.core.documents.sweep import FleetBlock, Load
 from chatfleet.core.engine.build import EngineSpec, build_engine
 from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
-from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import (
     ClosedLoop,
     OpenLoop,
@@ -76,6 +78,13 @@ class FleetConfig:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def block(self) -> FleetBlock:
+        """The settings as a point's (and a target's) fleet block."""
+        return FleetBlock(replicas=self.replicas, cap=self.cap, queue_depth=self.queue_depth,
+                          ttft_budget_s=self.ttft_budget_s,
+                          prefill_reserve_s=self.prefill_reserve_s, affinity=self.affinity,
+                          hop_s=self.hop_s)
 
 
 @dataclass(slots=True)
@@ -220,7 +229,7 @@ class _FleetRun:
 def run_fleet_point(
     spec: EngineSpec,
     wcfg: WorkloadConfig,
-    load: dict[str, Any],
+    load: Load,
     fleet: FleetConfig,
     *,
     duration_s: float = DURATION_S,
@@ -261,14 +270,12 @@ def run_fleet_point(
     for att in list(run.attempts.values()):
         if att.req is not None:
             run.records.append(run.record(att, att.req, "timeout"))
+    decided = dataclasses.replace(
+        fleet.block(), max_in_flight=tuple(run.max_in_flight), max_queue=run.max_queue,
+        shed={str(k): n for k, n in core.ac.num_shed.items()}, admitted=core.ac.num_admitted,
+        routes={str(k): n for k, n in core.num_routes.items()})
     point = summarize_point(
-        run.records, load=dict(load), window=(warmup_s, window_end), slo=slo,
-        mode=load["mode"], seed=seed, flushed=True,
-        engine=engine_block(scheds, warmup_s, window_end),
-        gpu=gpu_block(spec, scheds, warmup_s, window_end),
-        client={"send_lag_ms_p99": 0.0, "loop_lag_ms_p99": 0.0})
-    point["fleet"] = {**fleet.to_json(), "max_in_flight": run.max_in_flight,
-                      "max_queue": run.max_queue,
-                      "shed": dict(core.ac.num_shed), "admitted": core.ac.num_admitted,
-                      "routes": dict(core.num_routes)}
+        run.records, load=load, window=(warmup_s, window_end), slo=slo, seed=seed,
+        flushed=True, engine=engine_block(scheds, warmup_s, window_end),
+        gpu=gpu_block(spec, scheds, warmup_s, window_end), fleet=decided)
     return PointRun(point, run.records, scheds[0], loop.num_events)

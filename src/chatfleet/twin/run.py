@@ -18,6 +18,16 @@ import numpy.typing as npt
 
 from chatfleet import __version__
 from chatfleet.core.defaults import DURATION_S, SEED, TWIN_DRAIN_S, WARMUP_S
+from chatfleet.core.documents.sweep import (
+    ClockStats,
+    EngineBlock,
+    GpuBlock,
+    Load,
+    ModelledGpu,
+    ModelledPower,
+    SweepPoint,
+    TempStats,
+)
 from chatfleet.core.engine.build import (
     ENGINE_MODEL_VERSIONS,
     EngineSpec,
@@ -28,8 +38,10 @@ from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.steplog import KIND_CODES, StepLog
 from chatfleet.core.errors import ChatfleetError
-from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.measure.percentiles import time_weighted_percentile
+from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import (
     ClosedLoop,
     OpenLoop,
@@ -40,12 +52,10 @@ from chatfleet.core.workload import (
 )
 from chatfleet.twin.loop import Event, EventLoop
 
-Load = dict[str, Any]
-
 
 @dataclass(slots=True)
 class PointRun:
-    point: dict[str, Any]
+    point: SweepPoint
     records: list[RequestRecord]
     scheduler: EngineModel
     num_events: int
@@ -226,20 +236,18 @@ def run_point(
         run.records.append(run._record(i, pending, req, "timeout"))
     point = summarize_point(
         run.records,
-        load=dict(load),
+        load=load,
         window=(warmup_s, window_end),
         slo=slo,
-        mode=load["mode"],
         seed=seed,
         flushed=True,
         engine=engine_block(scheds, warmup_s, window_end),
         gpu=gpu_block(spec, scheds, warmup_s, window_end),
-        client={"send_lag_ms_p99": 0.0, "loop_lag_ms_p99": 0.0},
     )
     return PointRun(point, run.records, sched, loop.num_events)
 
 
-def engine_block(scheds: list[EngineModel], start: float, end: float) -> dict[str, Any]:
+def engine_block(scheds: list[EngineModel], start: float, end: float) -> EngineBlock:
     """What SGLang's decode log shows, read at decode steps after the warm-up (the largest
     over the replicas; sums for the counters). vLLM's steps all carry the running decodes, so
     every step but a prefill-only one counts there."""
@@ -256,23 +264,24 @@ def engine_block(scheds: list[EngineModel], start: float, end: float) -> dict[st
             peak_usage = max(peak_usage, float(log.floats("token_usage")[read].max()))
     cached = sum(s.num_prefill_cached_tokens for s in scheds)
     prompt = sum(s.num_prefill_input_tokens for s in scheds)
-    return {
-        "max_running": max_running,
-        "max_queue": max_queue,
-        "peak_token_usage": round(peak_usage, 4),
-        "max_total_num_tokens": scheds[0].capacity_tokens,
-        "replicas": len(scheds),
-        "num_retractions": sum(s.num_retractions for s in scheds),
-        "cache_hit_rate": round(cached / max(1, prompt), 4),
-        "evicted_tokens": sum(s.num_evicted_tokens for s in scheds),
-    }
+    return EngineBlock(
+        max_running=max_running,
+        max_queue=max_queue,
+        peak_token_usage=round(peak_usage, 4),
+        max_total_num_tokens=scheds[0].capacity_tokens,
+        replicas=len(scheds),
+        num_retractions=sum(s.num_retractions for s in scheds),
+        cache_hit_rate=round(cached / max(1, prompt), 4),
+        evicted_tokens=sum(s.num_evicted_tokens for s in scheds),
+    )
 
 
 def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
-              end: float) -> dict[str, Any]:
+              end: float) -> GpuBlock:
     """The card's clock, temperature and power over the window, as telemetry samples at a
     fixed interval would show them: every figure is weighted by time (each step by the part
-    of its duration inside the window), clocks and slowdown over the time the card was busy.
+    of its duration inside the window; the median clock is `time_weighted_percentile`, the
+    live telemetry's definition), clocks and slowdown over the time the card was busy.
     `busy_share`, `prefill_share` (of the busy time) and the power the work draws at the
     loaded clock come from the steps, with the thermal model on or off (the power model of
     core/calibration.ThermalProfile). `slowdown_after_s`: the end of the first throttled step,
@@ -299,35 +308,35 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
     busy_s = sum(by_kind.values())
     loaded_w = profile.idle_w + sum(
         secs * (profile.phase_power_w(k) - profile.idle_w) for k, secs in by_kind.items()) / span
-    block: dict[str, Any] = {
-        "busy_share": round(min(1.0, busy_s / span), 4),
-        "prefill_share": round(by_kind["prefill"] / busy_s, 4) if busy_s else None,
-        "modelled": True,
-    }
+    busy_share = round(min(1.0, busy_s / span), 4)
+    prefill_share = round(by_kind["prefill"] / busy_s, 4) if busy_s else None
     if scheds[0].thermal is None:
         mhz = profile.loaded_mhz
-        return {"sm_clock_mhz": {"p50": mhz, "min": mhz}, "temp_c": {"max": None},
-                "thermal_slowdown_share": 0.0, **block,
-                "power_w": {"mean": round(loaded_w, 2), "at_loaded_clock": round(loaded_w, 2)},
-                "slowdown_after_s": None, "thermal_model": False}
+        return GpuBlock(
+            sm_clock_mhz=ClockStats(p50=mhz, min=mhz), temp_c=TempStats(max=None),
+            thermal_slowdown_share=0.0,
+            modelled=ModelledGpu(
+                busy_share=busy_share, prefill_share=prefill_share,
+                power_w=ModelledPower(mean=round(loaded_w, 2),
+                                      at_loaded_clock=round(loaded_w, 2)),
+                slowdown_after_s=None, thermal_model=False))
     sm = log.floats("sm_clock_mhz")[idx]
-    by_clock = np.lexsort((w, sm))  # by clock, then by weight: sorted() of (clock, w) pairs
-    clocks = list(zip(sm[by_clock].tolist(), w[by_clock].tolist(), strict=True))
     slow = log.ints("thermal_slowdown") != 0
     slow_s = sum(w[slow[idx]].tolist())
     energy = _added(log.floats("power_w")[idx] * w)
     mean_w = (energy + profile.idle_w * max(0.0, span - busy_s)) / span
     first_slow = float(log.floats("time")[slow].min()) if slow.any() else None
-    return {
-        "sm_clock_mhz": {"p50": round(weighted_median(clocks), 1),
-                         "min": round(clocks[0][0], 1)},
-        "temp_c": {"max": round(float(log.floats("temp_c")[idx].max()), 2)},
-        "thermal_slowdown_share": round(slow_s / busy_s, 4) if busy_s else 0.0,
-        **block,
-        "power_w": {"mean": round(mean_w, 2), "at_loaded_clock": round(loaded_w, 2)},
-        "slowdown_after_s": round(first_slow, 1) if first_slow is not None else None,
-        "thermal_model": True,
-    }
+    p50 = time_weighted_percentile(sm.tolist(), w.tolist(), 50.0)
+    assert p50 is not None  # idx holds at least one step with time in it
+    return GpuBlock(
+        sm_clock_mhz=ClockStats(p50=round(p50, 1), min=round(float(sm.min()), 1)),
+        temp_c=TempStats(max=round(float(log.floats("temp_c")[idx].max()), 2)),
+        thermal_slowdown_share=round(slow_s / busy_s, 4) if busy_s else 0.0,
+        modelled=ModelledGpu(
+            busy_share=busy_share, prefill_share=prefill_share,
+            power_w=ModelledPower(mean=round(mean_w, 2), at_loaded_clock=round(loaded_w, 2)),
+            slowdown_after_s=round(first_slow, 1) if first_slow is not None else None,
+            thermal_model=True))
 
 
 def _added(values: npt.NDArray[np.float64]) -> float:
@@ -346,17 +355,6 @@ def step_weights(log: StepLog, start: float, end: float) -> tuple[
     w = np.minimum(t, end) - np.maximum(t - log.floats("step_s"), start)
     idx = np.flatnonzero(w > 0)
     return idx, w[idx]
-
-
-def weighted_median(pairs: list[tuple[float, float]]) -> float:
-    """The value below which half the weight lies; `pairs` sorted by value."""
-    half = sum(w for _, w in pairs) / 2
-    acc = 0.0
-    for value, w in pairs:
-        acc += w
-        if acc >= half:
-            return value
-    return pairs[-1][0]
 
 
 def is_calibrated(spec: EngineSpec) -> bool:

@@ -2,7 +2,7 @@
 core), the chatfleet.sweep/1 document rebuilt after every point, and an optional refinement
 that closes an open knee bracket (doubles the top load while it still meets; in open loop
 halves the lowest rate while it fails) and then bisects it (closed loop to one user, open loop
-to 10% of the rate): `core.refine`'s policy, the one the live sweep's `--refine` follows."""
+to 10% of the rate): `core.sweep`'s runner and `core.refine`'s policy, the live sweep's too."""
 
 from __future__ import annotations
 
@@ -11,12 +11,37 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
+from chatfleet.core.documents.sweep import Load, SweepDoc, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO, sweep_document
-from chatfleet.core.refine import RefinePolicy, next_load
+from chatfleet.core.measure.knee import sweep_document
+from chatfleet.core.refine import RefinePolicy
+from chatfleet.core.slo import SLO
+from chatfleet.core.sweep import Sweep
 from chatfleet.core.workload import WorkloadConfig
 from chatfleet.twin.fleet import FleetConfig, run_fleet_point
 from chatfleet.twin.run import run_point, target_block
+
+
+@dataclass(frozen=True, slots=True)
+class TwinPoints:
+    """The twin's point runner (`core.sweep.PointRunner`): point `index` runs with
+    seed + index, on one engine or on `fleet`."""
+
+    spec: EngineSpec
+    workload: WorkloadConfig
+    slo: SLO
+    duration_s: float = 300.0
+    warmup_s: float = 30.0
+    seed: int = 1
+    fleet: FleetConfig | None = None
+
+    def run(self, load: Load, index: int) -> SweepPoint:
+        if self.fleet is not None:
+            return run_fleet_point(self.spec, self.workload, load, self.fleet,
+                                   duration_s=self.duration_s, warmup_s=self.warmup_s,
+                                   seed=self.seed + index, slo=self.slo).point
+        return run_point(self.spec, self.workload, load, duration_s=self.duration_s,
+                         warmup_s=self.warmup_s, seed=self.seed + index, slo=self.slo).point
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,45 +66,25 @@ class TwinSweep:
             target["fleet"] = self.fleet.to_json()
         return target
 
-    def point(self, load: dict[str, Any], index: int) -> dict[str, Any]:
-        """One load point; point `index` runs with seed + index."""
-        if self.fleet is not None:
-            return run_fleet_point(self.spec, self.workload, load, self.fleet,
-                                   duration_s=self.duration_s, warmup_s=self.warmup_s,
-                                   seed=self.seed + index, slo=self.slo).point
-        return run_point(self.spec, self.workload, load, duration_s=self.duration_s,
-                         warmup_s=self.warmup_s, seed=self.seed + index, slo=self.slo).point
+    def runner(self) -> TwinPoints:
+        return TwinPoints(self.spec, self.workload, self.slo, self.duration_s, self.warmup_s,
+                          self.seed, self.fleet)
 
-    def document(self, points: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def document(self, points: Sequence[SweepPoint]) -> SweepDoc:
         return sweep_document(self.target(), self.workload_block(), self.slo, points,
                               cap_margin=self.cap_margin)
 
-    def run(self, loads: Sequence[dict[str, Any]], *, refine: bool = False,
-            on_point: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Every load in order, then (with `refine`) the bisection of each mode's knee bracket.
-        `on_point` gets the whole document after every point (write it: nothing finished is
-        lost if the run stops)."""
-        points: list[dict[str, Any]] = []
-        doc = self.document(points)
+    def run(self, loads: Sequence[Load], *, refine: bool = False,
+            on_point: Callable[[SweepDoc], None] | None = None) -> SweepDoc:
+        """Every load in order, then (with `refine`) each mode's knee bracket closed and
+        bisected. `on_point` gets the whole document after every point (write it: nothing
+        finished is lost if the run stops)."""
+        sweep = Sweep(loads, attainment=self.slo.attainment, seed=self.seed, refine=refine,
+                      policy=self.refine_policy)
+        runner = self.runner()
 
-        def add(load: dict[str, Any]) -> None:
-            nonlocal doc
-            points.append(self.point(load, len(points)))
-            doc = self.document(points)
+        def done(_: SweepPoint) -> None:
             if on_point is not None:
-                on_point(doc)
+                on_point(self.document(sweep.points))
 
-        for load in loads:
-            add(load)
-        if refine:
-            for mode in ("closed", "open"):
-                template = next((dict(x) for x in loads if x["mode"] == mode), None)
-                if template is None:
-                    continue
-                runs = {"extend": 0, "bisect": 0}
-                while (nxt := next_load(points, template, self.slo.attainment,
-                                        extended=runs["extend"], bisected=runs["bisect"],
-                                        policy=self.refine_policy)) is not None:
-                    runs[nxt.phase] += 1
-                    add(nxt.load)
-        return doc
+        return self.document(sweep.run(runner, done))

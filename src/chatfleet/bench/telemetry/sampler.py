@@ -1,17 +1,18 @@
 """The sampler: `TelemetrySampler` reads a source in the background while a run goes on, and
-`gpu_summary` turns its samples into the sweep contract's gpu block; `below_clock_floor` is the
-validity rule a run's median SM clock is held to."""
+`gpu_summary` turns its samples into the sweep contract's gpu block (`core.documents`'s
+`GpuBlock`, its median the twin's time-weighted one); `below_clock_floor`, the validity rule a
+run's median SM clock is held to, lives with the others in `core.measure.validity`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import itertools
-import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import orjson
 
@@ -19,15 +20,29 @@ from chatfleet.bench.client import Clock
 from chatfleet.bench.telemetry.reading import TelemetrySample
 from chatfleet.bench.telemetry.sources import NoneSource, TelemetrySource, make_source
 from chatfleet.bench.telemetry.spec import TelemetrySpec
+from chatfleet.core.documents.sweep import (
+    ClockStats,
+    GpuBlock,
+    SampledGpu,
+    SampledPower,
+    TempStats,
+)
 from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.measure.percentiles import percentiles, time_weighted_percentile
+from chatfleet.core.measure.validity import below_clock_floor
+
+__all__ = ["TelemetrySampler", "below_clock_floor", "gpu_summary"]
 
 
 def _p50(values: Sequence[float]) -> float | None:
-    return float(statistics.median(values)) if values else None
+    """The median of samples taken at a fixed interval: each stands for the same time, so
+    this is the time-weighted median the twin reports for the same field."""
+    p50 = time_weighted_percentile(values, None, 50.0)
+    return None if p50 is None else float(p50)
 
 
 def gpu_summary(samples: Sequence[TelemetrySample], start: float | None = None,
-                end: float | None = None, *, scale: float = 1.0) -> dict[str, Any]:
+                end: float | None = None, *, scale: float = 1.0) -> GpuBlock:
     """The gpu block of a sweep point over samples with start <= t <= end: median and lowest
     SM clock, highest temperature, the share of samples in thermal slowdown (of those whose
     reasons are known), and how often each clock-event reason was seen. None where no sample
@@ -42,30 +57,18 @@ def gpu_summary(samples: Sequence[TelemetrySample], start: float | None = None,
     for s in sel:
         for r in s.reading.reasons:
             reasons[r] = reasons.get(r, 0) + 1
-    wall_p50 = _p50(gaps)
-    return {
-        "sm_clock_mhz": {"p50": _p50(clocks), "min": min(clocks) if clocks else None},
-        "temp_c": {"max": max(temps) if temps else None},
-        "power_w": {"p50": _p50(powers), "max": max(powers) if powers else None},
-        "thermal_slowdown_share": (sum(1 for k in known if k) / len(known)) if known else None,
-        "samples": len(sel),
-        # model milliseconds, like every reported time; the wall interval beside it
-        "interval_ms_p50": round(wall_p50 * scale, 3) if wall_p50 is not None else None,
-        "interval_wall_ms_p50": round(wall_p50, 3) if wall_p50 is not None else None,
-        "reasons_share": {k: round(v / len(sel), 4) for k, v in sorted(reasons.items())},
-    }
-
-
-def below_clock_floor(gpu: Mapping[str, Any], floor_mhz: float | None) -> str | None:
-    """The invalid reason when the median SM clock was under the floor, else None."""
-    if floor_mhz is None:
-        return None
-    p50 = (gpu.get("sm_clock_mhz") or {}).get("p50")
-    if p50 is None:
-        return None
-    if p50 < floor_mhz:
-        return f"under the clock floor: median SM clock {p50:.0f} MHz < {floor_mhz:g} MHz"
-    return None
+    wall_p50 = percentiles(gaps, (50.0,))["p50"] if gaps else None
+    return GpuBlock(
+        sm_clock_mhz=ClockStats(p50=_p50(clocks), min=min(clocks) if clocks else None),
+        temp_c=TempStats(max=max(temps) if temps else None),
+        thermal_slowdown_share=(sum(1 for k in known if k) / len(known)) if known else None,
+        sampled=SampledGpu(
+            power_w=SampledPower(p50=_p50(powers), max=max(powers) if powers else None),
+            samples=len(sel),
+            # model milliseconds, like every reported time; the wall interval beside it
+            interval_ms_p50=round(wall_p50 * scale, 3) if wall_p50 is not None else None,
+            interval_wall_ms_p50=round(wall_p50, 3) if wall_p50 is not None else None,
+            reasons_share={k: round(v / len(sel), 4) for k, v in sorted(reasons.items())}))
 
 
 class TelemetrySampler:
@@ -170,16 +173,12 @@ class TelemetrySampler:
                 next_at = now
             await asyncio.sleep(next_at - now)
 
-    def summary(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
+    def summary(self, start: float | None = None, end: float | None = None) -> GpuBlock:
         """The contract's gpu block over start <= t <= end (model time), with the source,
         the failed reads and the samples dropped."""
         out = gpu_summary(self.samples, start, end, scale=self.clock.scale)
-        out["source"] = self.source.label
-        out["failures"] = self.failures
-        if self.dropped:
-            out["dropped"] = self.dropped
-        if self.last_error is not None:
-            out["last_error"] = self.last_error
-        if not self.active:
-            out["note"] = "no telemetry source"
-        return out
+        assert out.sampled is not None
+        return replace(out, sampled=replace(
+            out.sampled, source=self.source.label, failures=self.failures,
+            dropped=self.dropped or None, last_error=self.last_error,
+            note=None if self.active else "no telemetry source"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from chatfleet.core.documents.sweep import ClosedLoad, Load
 from chatfleet.core.workload.config import WorkloadError
 from chatfleet.core.workload.sessions import RequestSpec, Session, Workload
 
@@ -100,12 +100,12 @@ class OpenLoop:
         return self.workload.next_turn(s, now + self.workload.think_time(s))
 
 
-def driver_for(load: Mapping[str, Any], workload: Workload,
+def driver_for(load: Load, workload: Workload,
                arrival_times: Sequence[float] | None = None) -> ClosedLoop | OpenLoop:
-    """The driver a load point names: {"mode": "closed", "concurrency": N} or {"mode": "open",
-    "rate_rps": R, "burstiness": B (default 1)}; `arrival_times` makes an open loop follow a
-    trace."""
-    if load["mode"] == "closed":
-        return ClosedLoop(workload, int(load["concurrency"]))
-    return OpenLoop(workload, float(load["rate_rps"]), float(load.get("burstiness", 1.0)),
-                    arrival_times)
+    """The driver a load point names: a closed loop of `concurrency` users, or an open loop at
+    `rate_rps` (gamma with shape `burstiness` where it is set, else Poisson); `arrival_times`
+    makes an open loop follow a trace."""
+    if isinstance(load, ClosedLoad):
+        return ClosedLoop(workload, load.concurrency)
+    burstiness = 1.0 if load.burstiness is None else float(load.burstiness)
+    return OpenLoop(workload, float(load.rate_rps), burstiness, arrival_times)
