@@ -8,70 +8,33 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
 
 from chatfleet import __version__
 from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.data.tokenizer import QwenTokenizer
-from chatfleet.simserver.api import (
-    AbortRequest,
-    ChatCompletionRequest,
-    CompletionRequest,
-    error_body,
-    openapi,
-)
+from chatfleet.http.body import BodyLimits, read_object
+from chatfleet.http.errors import BadRequest, error_middleware
+from chatfleet.http.models import parse
+from chatfleet.simserver.api import AbortRequest, ChatCompletionRequest, CompletionRequest, openapi
 from chatfleet.simserver.generation import Answer, AnswerMaker
 from chatfleet.simserver.oracle import Oracle
 from chatfleet.simserver.replica import Handle, Replica
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HEALTH_GENERATE_TIMEOUT_S = 30.0
 VLLM_MODEL_VERSION = "0.26.0"  # the vLLM the engine model was read from
 # text longer than this is tokenized in a worker thread: `tokenizers` holds the GIL in
 # `encode` but releases it in `encode_batch`, and 4 MiB took 3.5 s, every other stream frozen
 OFF_LOOP_CHARS = 32 * 1024
+BODY_LIMITS = BodyLimits(max_bytes=64 * 1024 * 1024)
 log = logging.getLogger("chatfleet.simserver")
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
-
-
-def bad(message: str, param: str | None = None, status: int = 400) -> web.Response:
-    return json_response(error_body(message, status, param), status)
-
-
-def describe(exc: ValidationError) -> tuple[str, str | None]:
-    err = exc.errors()[0]
-    loc = ".".join(str(x) for x in err.get("loc", ()))
-    return f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg")), loc or None
-
-
-@web.middleware
-async def never_500(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Bad input never becomes a 500: the handlers raise BadRequest, anything unexpected is
-    reported as a 500 with a generic message (and would be a bug)."""
-    try:
-        return await handler(request)
-    except BadRequest as exc:
-        return bad(str(exc), exc.param)
-    except (web.HTTPException, asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return json_response(error_body("internal error in the simserver", 500,
-                                        kind="internal_error"), 500)
 
 
 class ReplicaApp:
@@ -81,7 +44,9 @@ class ReplicaApp:
         self.tok = tok
         self.answers = answers
         self.oracle = oracle
-        self.app = web.Application(middlewares=[never_500], client_max_size=64 * 1024 * 1024)
+        # aiohttp's own 404 and 405 are answered as aiohttp writes them (an engine's differ)
+        errors = error_middleware(log, "simserver", answer_http_errors=False)
+        self.app = web.Application(middlewares=[errors], client_max_size=BODY_LIMITS.max_bytes)
         r = self.app.router
         r.add_post("/v1/chat/completions", self.chat)
         r.add_post("/v1/completions", self.completions)
@@ -101,20 +66,6 @@ class ReplicaApp:
         r.add_get("/openapi.json", self.openapi)
 
     # --- parsing --------------------------------------------------------------------------
-    async def _json(self, request: web.Request) -> dict[str, Any]:
-        try:
-            raw = await request.read()
-        except web.RequestPayloadError:  # a Content-Encoding that does not decode
-            raise BadRequest("the body could not be decoded as its Content-Encoding ("
-                             f"{request.headers.get('Content-Encoding', 'none')}) says") from None
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"malformed JSON body: {exc}") from None
-        if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object")
-        return body
-
     async def _encode(self, text: str) -> list[int]:
         """The text's token ids; a long text is tokenized off the event loop (OFF_LOOP_CHARS),
         so the streams of this replica keep their pace meanwhile."""
@@ -167,11 +118,7 @@ class ReplicaApp:
 
     # --- OpenAI ---------------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await self._json(request)
-        try:
-            req = ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            raise BadRequest(*describe(exc)) from None
+        req = parse(ChatCompletionRequest, await read_object(request, BODY_LIMITS))
         if req.n != 1:
             raise BadRequest("only n = 1 is supported", "n")
         kwargs = req.chat_template_kwargs or {}
@@ -200,11 +147,7 @@ class ReplicaApp:
         return await self._whole(request, h, "chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._json(request)
-        try:
-            req = CompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            raise BadRequest(*describe(exc)) from None
+        req = parse(CompletionRequest, await read_object(request, BODY_LIMITS))
         if req.n != 1:
             raise BadRequest("only n = 1 is supported", "n")
         if isinstance(req.prompt, str):
@@ -423,11 +366,7 @@ class ReplicaApp:
                                              "running or waiting requests.\n")
 
     async def abort_request(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
-        try:
-            req = AbortRequest.model_validate(body)
-        except ValidationError as exc:
-            raise BadRequest(*describe(exc)) from None
+        req = parse(AbortRequest, await read_object(request, BODY_LIMITS))
         return json_response({"rid": req.rid, "aborted": self.replica.abort(req.rid)})
 
     # --- vLLM's admin surface ----------------------------------------------------------------
