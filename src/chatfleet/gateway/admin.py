@@ -19,10 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-import orjson
 from aiohttp import web
 
-from chatfleet.gateway import errors
 from chatfleet.gateway.config import (
     ConfigError,
     GatewayConfig,
@@ -30,6 +28,8 @@ from chatfleet.gateway.config import (
     config_summary,
     parse_replica,
 )
+from chatfleet.http.body import read_object
+from chatfleet.http.errors import error
 
 
 class AdminOps(Protocol):
@@ -51,13 +51,8 @@ class AdminOps(Protocol):
 
 def add_admin_routes(ops: AdminOps, r: web.UrlDispatcher) -> None:
     async def body(request: web.Request) -> dict[str, Any]:
-        try:
-            doc = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            doc = None
-        if not isinstance(doc, dict):
-            raise _Bad("the body must be a JSON object")
-        return doc
+        """A JSON object within the front's limits (else a BadRequest, answered 4xx)."""
+        return await read_object(request, ops.config().body_limits())
 
     async def list_replicas(request: web.Request) -> web.Response:
         return web.json_response({"replicas": ops.replicas()})
@@ -68,7 +63,7 @@ def add_admin_routes(ops: AdminOps, r: web.UrlDispatcher) -> None:
             now = ops.config()
             cfg = check(dataclasses.replace(now, replicas=(*now.replicas, rc)))
         except (ConfigError, _Bad) as exc:
-            return errors.error(400, str(exc))
+            return error(400, str(exc))
         ops.apply(cfg)
         return web.json_response({"replicas": ops.replicas()}, status=201)
 
@@ -77,9 +72,9 @@ def add_admin_routes(ops: AdminOps, r: web.UrlDispatcher) -> None:
         now = ops.config()
         kept = tuple(x for x in now.replicas if x.name != name)
         if len(kept) == len(now.replicas):
-            return errors.error(404, f"no replica named {name!r}")
+            return error(404, f"no replica named {name!r}")
         if not kept:
-            return errors.error(400, "cannot remove the last replica")
+            return error(400, "cannot remove the last replica")
         ops.apply(dataclasses.replace(now, replicas=kept))
         return web.json_response({"replicas": ops.replicas()})
 
@@ -90,7 +85,7 @@ def add_admin_routes(ops: AdminOps, r: web.UrlDispatcher) -> None:
         try:
             cfg = _limits(ops.config(), await body(request))
         except (ConfigError, _Bad) as exc:
-            return errors.error(400, str(exc))
+            return error(400, str(exc))
         ops.apply(cfg)
         return web.json_response(config_summary(ops.config()))
 
@@ -98,7 +93,7 @@ def add_admin_routes(ops: AdminOps, r: web.UrlDispatcher) -> None:
         try:
             ops.reload()
         except ConfigError as exc:
-            return errors.error(400, f"not reloaded (the running configuration is kept): "
+            return error(400, f"not reloaded (the running configuration is kept): "
                                 f"{exc}")
         return web.json_response(config_summary(ops.config()))
 

@@ -22,12 +22,13 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.fleet.admission import FleetRequest
 from chatfleet.core.fleet.fleet import FleetTrace
 from chatfleet.core.fleet.prompt import PrefixCheck, canonicalize, describe
 from chatfleet.core.fleet.routing import SESSION_HEADER, is_returning, session_key
-from chatfleet.gateway import errors
+from chatfleet.core.specs import SpecError, builtin_model, get_gpu, precision
 from chatfleet.gateway.admin import add_admin_routes
 from chatfleet.gateway.config import ConfigError, GatewayConfig, KeyConfig, Overrides, load_config
 from chatfleet.gateway.fleet import DecisionLog, LiveFleet
@@ -43,27 +44,20 @@ from chatfleet.gateway.relay import (
 )
 from chatfleet.gateway.shared import SharedCaps
 from chatfleet.gateway.state import MemoryState, StateBackend, StateUnavailable
+from chatfleet.http.body import check_writable, read_object
+from chatfleet.http.errors import BadRequest, ClientLeft, error, error_middleware
+from chatfleet.http.models import ChatCompletionRequest, CompletionRequest, GenerationRequest, parse
 
 log = logging.getLogger("chatfleet.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:#-]{1,128}$")
 KEY = web.RequestKey("key", KeyConfig)
-MAX_JSON_DEPTH = 254  # arrays and objects; orjson reads 1,024 levels but writes only 254
 SWEEP_S = 0.5
 WATCH_S = 1.0
 MODELS_TTL_S = 30.0
 
 
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
 def step_time_for(cfg: GatewayConfig) -> StepTimeModel:
     """The step-time model that prices a spill, from the routing section's deployment."""
-    from chatfleet.core.engine.build import EngineSpec, step_time_model
-    from chatfleet.core.specs import SpecError, builtin_model, get_gpu, precision
-
     r = cfg.routing
     try:
         spec = EngineSpec(get_gpu(r.gpu), builtin_model(r.model),
@@ -104,7 +98,7 @@ class Gateway:
 
     # --- wiring -------------------------------------------------------------------------------
     def _build_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth],
+        app = web.Application(middlewares=[error_middleware(log, "gateway"), self._auth],
                               client_max_size=2**40, handler_args={"max_field_size": 16384})
         r = app.router
         r.add_post("/v1/chat/completions", self.chat)
@@ -147,39 +141,21 @@ class Gateway:
         if self._session is not None:
             await self._session.close()
 
-    # --- middlewares --------------------------------------------------------------------------
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        try:
-            resp: web.StreamResponse = await handler(request)
-            return resp
-        except BadRequest as exc:
-            return errors.error(exc.status, exc.message, param=exc.param)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            return errors.error(exc.status, exc.reason, headers={
-                k: v for k, v in exc.headers.items() if k.lower() == "allow"})
-        except (asyncio.CancelledError, ConnectionResetError):
-            raise
-        except Exception:
-            log.exception("internal error on %s %s", request.method, request.path)
-            return errors.error(500, "internal error in the gateway (logged)")
-
+    # --- middlewares (the errors' is chatfleet/http/errors.py's) -----------------------------
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         path = request.path
         if path.startswith("/admin"):
             if self.cfg.admin_sha256 is None:
-                return errors.error(404, "the admin API is off: set admin.sha256 in the "
+                return error(404, "the admin API is off: set admin.sha256 in the "
                                     "config file")
             if not self.cfg.is_admin(_bearer(request)):
-                return errors.error(401, "the admin API needs the admin key",
+                return error(401, "the admin API needs the admin key",
                                     code="invalid_api_key")
         elif path.startswith("/v1/") and self.cfg.keys:
             key = self.cfg.find_key(_bearer(request))
             if key is None:
-                return errors.error(401, "missing or unknown API key (Authorization: Bearer "
+                return error(401, "missing or unknown API key (Authorization: Bearer "
                                     "KEY)", code="invalid_api_key")
             request[KEY] = key
         resp: web.StreamResponse = await handler(request)
@@ -187,24 +163,22 @@ class Gateway:
 
     # --- front --------------------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "/v1/chat/completions", "messages")
+        return await self._generate(request, "/v1/chat/completions", ChatCompletionRequest)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "/v1/completions", "prompt")
+        return await self._generate(request, "/v1/completions", CompletionRequest)
 
     async def _generate(self, request: web.Request, path: str,
-                        field: str) -> web.StreamResponse:
+                        model: type[GenerationRequest]) -> web.StreamResponse:
         arrival = self.loop.time()
         body = await self._read_json(request)
-        _check_body(body, field)
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise BadRequest(400, "stream must be true or false", "stream")
+        # OpenAI's types, strictly, before the request takes a slot; the body goes on as it came
+        stream = parse(model, body, strict=True).stream
         cfg = self.cfg
         headers: dict[str, str] = {}
         if cfg.shared_prompt.mode == "own":
             body = canonicalize(body, cfg.shared_prompt)
-        elif field == "messages":
+        elif model is ChatCompletionRequest:
             report = self.prefix.check(body)
             if report.checked and not report.matches:
                 self.metrics.prefix_mismatches += 1
@@ -218,7 +192,7 @@ class Gateway:
                 body = {**body, "stream_options": opts}
         key = request.get(KEY)
         if not _is_utf8(request.headers.get(SESSION_HEADER, "")):
-            raise BadRequest(400, "X-Session-ID must be UTF-8 text", SESSION_HEADER)
+            raise BadRequest("X-Session-ID must be UTF-8 text", SESSION_HEADER)
         rid = request.headers.get("X-Request-ID") or body.get("rid") or ""
         if not isinstance(rid, str) or not _REQUEST_ID.match(rid) or rid in self._live_ids:
             rid = next_request_id()
@@ -272,32 +246,14 @@ class Gateway:
             await self.state.set_session(key, replica, self.cfg.routing.session_ttl_s)
 
     async def _read_json(self, request: web.Request) -> dict[str, Any]:
-        limit = self.cfg.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise BadRequest(413, f"the request body is larger than {limit} bytes")
         try:
-            raw = await asyncio.wait_for(_read_at_most(request, limit),
-                                         self.cfg.timeouts.client_body_s)
-        except TimeoutError as exc:
-            raise BadRequest(408, "the request body did not arrive in time") from exc
-        except ConnectionResetError as exc:  # nobody to answer: one line, no traceback
+            body = await read_object(request, self.cfg.body_limits())
+        except ClientLeft as exc:  # nobody to answer: one line, no traceback
             log.info("client %s left while sending its body (%s)", request.remote,
-                     type(exc).__name__)
+                     type(exc.__cause__).__name__)
             self.metrics.client_left()
-            raise BadRequest(400, "the client went away before its body arrived") from exc
-        if raw is None:
-            raise BadRequest(413, f"the request body is larger than {limit} bytes")
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(400, f"the body is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise BadRequest(400, "the body must be a JSON object")
-        try:  # what cannot be written cannot be forwarded: refuse it before trying
-            orjson.dumps(body)
-        except orjson.JSONEncodeError as exc:
-            raise BadRequest(400, f"the body is nested too deeply: at most {MAX_JSON_DEPTH} "
-                             "levels of arrays and objects") from exc
+            raise
+        check_writable(body)  # what cannot be written cannot be forwarded
         return body
 
     async def models(self, request: web.Request) -> web.Response:
@@ -319,7 +275,7 @@ class Gateway:
                 if ids:
                     break
         if not ids:
-            return errors.error(503, "no replica answered /v1/models", code="no_replica")
+            return error(503, "no replica answered /v1/models", code="no_replica")
         body = _models_body(ids)
         self._models = (now, body)
         return web.Response(body=body, content_type="application/json")
@@ -452,39 +408,6 @@ def _bearer(request: web.Request) -> str:
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
     return request.headers.get("api-key", "")
-
-
-async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
-    parts: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in request.content.iter_chunked(65536):
-            size += len(chunk)
-            if size > limit:
-                return None
-            parts.append(chunk)
-    except web.RequestPayloadError as exc:  # a Content-Encoding that does not decode
-        raise BadRequest(400, "the body could not be decoded as its Content-Encoding "
-                         f"({request.headers.get('Content-Encoding', 'none')}) says") from exc
-    return b"".join(parts)
-
-
-def _check_body(body: dict[str, Any], field: str) -> None:
-    if field == "messages":
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise BadRequest(400, "messages must be a non-empty list", "messages")
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise BadRequest(400, f"messages[{i}] must be an object with a role",
-                                 "messages")
-    else:
-        prompt = body.get("prompt")
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt)):
-            raise BadRequest(400, "prompt must be a string or a non-empty list", "prompt")
-    mt = body.get("max_tokens", body.get("max_completion_tokens"))
-    if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
-        raise BadRequest(400, "max_tokens must be a positive integer", "max_tokens")
 
 
 def _models_body(ids: list[str]) -> bytes:

@@ -30,6 +30,7 @@ from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.fleet.prompt import SharedPrompt
 from chatfleet.core.fleet.session import DEFAULT_SESSION_TTL_S
+from chatfleet.http.body import BodyLimits
 
 
 class ConfigError(ChatfleetError):
@@ -163,6 +164,10 @@ class GatewayConfig:
 
     def is_admin(self, key: str) -> bool:
         return self.admin_sha256 is not None and key_matches(key, self.admin_sha256)
+
+    def body_limits(self) -> BodyLimits:
+        """A client's request body: at most max_body_bytes, within timeouts.client_body_s."""
+        return BodyLimits(self.max_body_bytes, self.timeouts.client_body_s)
 
 
 # --- parsing ----------------------------------------------------------------------------------

@@ -31,9 +31,9 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from chatfleet.gateway import errors
 from chatfleet.gateway.config import GatewayConfig
 from chatfleet.gateway.metrics import GatewayMetrics
+from chatfleet.http.errors import error_body
 
 log = logging.getLogger("chatfleet.gateway")
 SWEEP_S = 0.25
@@ -168,7 +168,7 @@ class ConnectionGuard:
             idle = [c for c in self.open.values() if not c.in_progress]
             if not idle:
                 self.metrics.connections_closed["refused"] += 1
-                body = errors.error_body(503, "the gateway is at its connection limit; "
+                body = error_body(503, "the gateway is at its connection limit; "
                                          "retry shortly", code="connection_limit")
                 conn.transport.write(REFUSED % (len(body), body))
                 conn.transport.close()

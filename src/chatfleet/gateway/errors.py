@@ -1,32 +1,13 @@
-"""The gateway's own answers: OpenAI-shaped errors, and nothing of an upstream's text."""
+"""The gateway's own answers to what happens upstream (a shed, an engine's error, a broken
+stream): OpenAI-shaped errors (chatfleet/http/errors.py), and nothing of an upstream's text."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import orjson
 from aiohttp import web
 
 from chatfleet.core.fleet.admission import Decision
-
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
-          413: "invalid_request_error", 422: "invalid_request_error",
-          429: "rate_limit_exceeded", 502: "server_error", 503: "server_error",
-          504: "timeout_error"}
-
-
-def error_body(status: int, message: str, code: str | None = None,
-               param: str | None = None) -> bytes:
-    return orjson.dumps({"error": {"message": message,
-                                   "type": _TYPES.get(status, "server_error"),
-                                   "param": param, "code": code or status}})
-
-
-def error(status: int, message: str, code: str | None = None, param: str | None = None,
-          headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=error_body(status, message, code, param),
-                        content_type="application/json", headers=headers)
+from chatfleet.http.errors import error
 
 
 def shed(d: Decision, request_id: str) -> web.Response:

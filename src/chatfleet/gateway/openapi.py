@@ -4,13 +4,14 @@ It is the contract of what the gateway accepts and answers, kept truthful to the
 (app.py, errors.py, relay.py, admin.py): every route it registers, the headers it reads, and
 every status it answers itself, each with its body.
 
-The request bodies are OpenAI's. The gateway checks only a few fields itself (a JSON object;
-`messages` a non-empty list of objects with a string `role`, or `prompt` a string or a
-non-empty list; `max_tokens` a positive integer; `stream` a boolean: 400 otherwise) and passes
-the rest through to the engine, which checks them (an engine's 4xx becomes the gateway's 400,
-or 413/422, with the gateway's own text). So the bodies allow additional properties (engine
-fields such as `ignore_eos` or `chat_template_kwargs`), and the described fields carry
-OpenAI's types without ranges the engines do not enforce.
+The request bodies are OpenAI's, their schemas generated from the models the gateway checks
+a body against (chatfleet/http/models.py: a field added there appears here). The gateway
+checks a JSON object and the described fields' types strictly (`messages` a non-empty list of
+messages with a string `role`, `max_tokens` a positive integer, `stream` a boolean, ...: 400
+naming the field otherwise) and passes the body through to the engine as it came, which checks
+the rest (an engine's 4xx becomes the gateway's 400, or 413/422, with the gateway's own text).
+So the bodies allow additional properties (engine fields such as `chat_template_kwargs`), and
+the described fields carry OpenAI's types without ranges the engines do not enforce.
 
 Statuses the gateway answers itself: 400 (the body, or the engine rejected it), 401 (no or an
 unknown key, when keys are configured; the admin API without the admin key), 404 (an unknown
@@ -30,15 +31,13 @@ from __future__ import annotations
 from typing import Any
 
 from chatfleet import __version__
+from chatfleet.http.models import ChatCompletionRequest, CompletionRequest
+from chatfleet.http.openapi import ERROR_SCHEMA, json_body, model_schemas, ref
 
 JSON = "application/json"
 SSE = "text/event-stream"
 
 Schema = dict[str, Any]
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
 
 
 def _nullable(schema: Schema) -> Schema:
@@ -54,78 +53,9 @@ _BOOL = {"type": "boolean"}
 _SSE_EVENT = {"type": "object", "required": ["data"],
               "properties": {"data": _STR, "event": _STR, "id": _STR, "retry": _INT}}
 
-# The fields both generation requests share, as OpenAI types them.
-_SAMPLING: Schema = {
-    "model": _STR,
-    "max_tokens": _nullable({"type": "integer", "minimum": 1}),
-    "stream": _BOOL,
-    "stream_options": _nullable(_ref("StreamOptions")),
-    "temperature": _nullable(_NUM),
-    "top_p": _nullable(_NUM),
-    "stop": {"anyOf": [_STR, {"type": "array", "items": _STR}, {"type": "null"}]},
-    "n": {"type": "integer", "minimum": 1},
-    "seed": _nullable(_INT),
-    "user": _nullable(_STR),
-}
-
 SCHEMAS: dict[str, Schema] = {
-    "Error": {
-        "type": "object", "required": ["error"],
-        "properties": {"error": {
-            "type": "object", "required": ["message", "type", "param", "code"],
-            "properties": {
-                "message": _STR,
-                "type": _STR,
-                "param": _nullable(_STR),
-                "code": {"type": ["string", "integer"]},
-            }}},
-    },
-    "ContentPart": {
-        "type": "object", "required": ["type"], "additionalProperties": True,
-        "properties": {"type": _STR, "text": _STR},
-    },
-    "Message": {
-        "type": "object", "required": ["role"], "additionalProperties": True,
-        "properties": {
-            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {"anyOf": [_STR, {"type": "array", "items": _ref("ContentPart")},
-                                  {"type": "null"}]},
-            "name": _STR,
-            "tool_calls": {"type": "array", "items": {"type": "object"}},
-            "tool_call_id": _STR,
-            "reasoning_content": _nullable(_STR),
-        },
-    },
-    "StreamOptions": {
-        "type": "object", "additionalProperties": True,
-        "properties": {"include_usage": _BOOL, "continuous_usage_stats": _BOOL},
-        "description": "with stream true, the gateway sets include_usage (its usage teaches "
-                       "the router the session's token counts)",
-    },
-    "ChatCompletionRequest": {
-        "type": "object", "required": ["messages"], "additionalProperties": True,
-        "properties": {
-            "messages": {"type": "array", "minItems": 1, "items": _ref("Message")},
-            **_SAMPLING,
-            "max_completion_tokens": _nullable({"type": "integer", "minimum": 1}),
-            "tools": _nullable({"type": "array", "items": {"type": "object"}}),
-            "tool_choice": {},
-            "rid": {"type": "string", "minLength": 1,
-                    "description": "the request id (SGLang's field); used as X-Request-ID "
-                                   "when it matches ^[A-Za-z0-9._:#-]{1,128}$"},
-        },
-    },
-    "CompletionRequest": {
-        "type": "object", "required": ["prompt"], "additionalProperties": True,
-        "properties": {
-            "prompt": {"anyOf": [
-                {"type": "string", "minLength": 1},
-                {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
-            ]},
-            **_SAMPLING,
-            "rid": {"type": "string", "minLength": 1},
-        },
-    },
+    "Error": ERROR_SCHEMA,
+    **model_schemas(ChatCompletionRequest, CompletionRequest),
     "Completion": {
         "type": "object", "required": ["id", "object", "choices"], "additionalProperties": True,
         "properties": {
@@ -158,7 +88,7 @@ SCHEMAS: dict[str, Schema] = {
                        "serving": _BOOL, "ejected": _BOOL, "pending": _BOOL},
     },
     "Replicas": {"type": "object", "required": ["replicas"],
-                 "properties": {"replicas": {"type": "array", "items": _ref("Replica")}}},
+                 "properties": {"replicas": {"type": "array", "items": ref("Replica")}}},
     "NewReplica": {
         "type": "object", "required": ["url"],
         "properties": {"url": {"type": "string", "description": "http://host:port"},
@@ -194,7 +124,7 @@ _REQUEST_ID = {"description": "the request's id (the client's X-Request-ID or ri
 
 def _error(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"description": description,
-                           "content": {JSON: {"schema": _ref("Error")}}}
+                           "content": {JSON: {"schema": ref("Error")}}}
     if headers:
         out["headers"] = headers
     return out
@@ -243,7 +173,7 @@ def _generate(request: str, what: str) -> dict[str, Any]:
                        "event data: {\"error\": {..., \"code\": 502}}.",
         "parameters": _HEADERS_IN,
         "security": [{}, {"bearer": []}, {"api_key": []}],
-        "requestBody": {"required": True, "content": {JSON: {"schema": _ref(request)}}},
+        "requestBody": json_body(request),
         "responses": {
             "200": {"description": "the engine's answer, relayed: JSON, or server-sent events "
                                    "when stream is true",
@@ -254,7 +184,7 @@ def _generate(request: str, what: str) -> dict[str, Any]:
                                 "x-chatfleet-replica": {
                                     "description": "the replica (with debug_headers)",
                                     "schema": _STR}},
-                    "content": {JSON: {"schema": _ref("Completion")},
+                    "content": {JSON: {"schema": ref("Completion")},
                                 SSE: {"schema": _SSE_EVENT}}},
             "400": _error("the body is not a JSON object, a checked field is wrong (param "
                           "names it), or the engine rejected the request (code "
@@ -284,7 +214,7 @@ def _admin(summary: str, ok: dict[str, Any], *, status: str = "200",
                           "security": [{"bearer": []}, {"api_key": []}],
                           "responses": {status: ok, **_AUTH_ADMIN, **(extra or {})}}
     if body is not None:
-        op["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
+        op["requestBody"] = json_body(body)
     if bad is not None:
         op["responses"]["400"] = _error(bad)
     return op
@@ -294,8 +224,8 @@ def openapi() -> dict[str, Any]:
     """The description (a fresh dict each call)."""
     import copy
 
-    limits = _ok("the limits now", _ref("Limits"))
-    replicas = _ok("the replicas now", _ref("Replicas"))
+    limits = _ok("the limits now", ref("Limits"))
+    replicas = _ok("the replicas now", ref("Replicas"))
     paths: dict[str, Any] = {
         "/v1/chat/completions": {"post": _generate("ChatCompletionRequest",
                                                    "chat completions")},
@@ -303,14 +233,14 @@ def openapi() -> dict[str, Any]:
         "/v1/models": {"get": {
             "summary": "the replicas' models (or served_model_name from the config)",
             "security": [{}, {"bearer": []}, {"api_key": []}],
-            "responses": {"200": _ok("the models", _ref("Models")), "401": _AUTH_V1,
+            "responses": {"200": _ok("the models", ref("Models")), "401": _AUTH_V1,
                           "503": _error("no replica answered /v1/models (code "
                                         "no_replica)")}}},
         "/health": {"get": {"summary": "the process is up", "security": [],
-                            "responses": {"200": _ok("up", _ref("Health"))}}},
+                            "responses": {"200": _ok("up", ref("Health"))}}},
         "/ready": {"get": {"summary": "at least one replica takes requests", "security": [],
-                           "responses": {"200": _ok("serving", _ref("Ready")),
-                                         "503": _ok("no replica serving", _ref("Ready"))}}},
+                           "responses": {"200": _ok("serving", ref("Ready")),
+                                         "503": _ok("no replica serving", ref("Ready"))}}},
         "/metrics": {"get": {"summary": "Prometheus text", "security": [], "responses": {
             "200": _ok("the metrics", _STR, "text/plain")}}},
         "/openapi.json": {"get": {"summary": "this description", "security": [],
@@ -318,7 +248,7 @@ def openapi() -> dict[str, Any]:
                                                            {"type": "object"})}}},
         "/admin/replicas": {
             "get": _admin("list the replicas", replicas),
-            "post": _admin("add a replica", _ok("added; the replicas now", _ref("Replicas")),
+            "post": _admin("add a replica", _ok("added; the replicas now", ref("Replicas")),
                            status="201", body="NewReplica",
                            bad="not a JSON object, or not a valid replica (bad URL, name "
                                "taken, ...)"),

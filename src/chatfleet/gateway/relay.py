@@ -44,6 +44,7 @@ from chatfleet.gateway.fleet import LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics
 from chatfleet.gateway.slots import Slot
 from chatfleet.gateway.upstream import Exchange, UpstreamError, request_bytes
+from chatfleet.http.errors import error
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -131,7 +132,7 @@ class Relay:
 
     async def run(self, request: web.Request, call: Call) -> Relayed:
         if call.stream and request.version < (1, 1):
-            return Relayed(errors.error(400, "stream: true needs HTTP/1.1 (a stream is sent "
+            return Relayed(error(400, "stream: true needs HTTP/1.1 (a stream is sent "
                                         "with chunked transfer): send the request over "
                                         "HTTP/1.1, or without stream", param="stream"),
                            Outcome.REJECTED)
@@ -167,7 +168,7 @@ class Relay:
                     fresh = True  # a keep-alive connection the replica had closed
                     continue
                 fleet.report(replica, ok=False)
-                failed = await self._fail_over(call, slot, retried, errors.error(
+                failed = await self._fail_over(call, slot, retried, error(
                     502, "no replica could take the request", code="upstream_unavailable"))
                 if failed is not None:
                     return failed
@@ -177,10 +178,10 @@ class Relay:
                 ex.abort_upstream()
                 if call.stream:
                     fleet.report(replica, ok=False)
-                    return Relayed(errors.error(504, f"the engine did not answer within "
+                    return Relayed(error(504, f"the engine did not answer within "
                                                 f"{t.first_byte_s:g} s",
                                                 code="upstream_timeout"), Outcome.TIMEOUT)
-                return Relayed(errors.error(504, f"the answer was not done within the "
+                return Relayed(error(504, f"the answer was not done within the "
                                             f"request's total timeout, {t.total_s:g} s",
                                             code="upstream_timeout"), Outcome.TIMEOUT)
             except BaseException:  # the client left (cancelled), or anything else

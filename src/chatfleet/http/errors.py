@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 from aiohttp import web
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+from aiohttp.typedefs import Handler, Middleware
 
 # OpenAI's error types by status (a status not here is a server_error)
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
