@@ -16,7 +16,7 @@ from chatfleet.gateway.config import ConfigError, Overrides, cap_from_sweep, loa
 from chatfleet.gateway.config import hash_key as do_hash
 from chatfleet.gateway.server import start
 from chatfleet.gateway.state import backend_from
-from chatfleet.serverlog import setup_logging
+from chatfleet.http.log import setup_logging
 
 
 def gateway(

@@ -13,7 +13,7 @@ from aiohttp import web
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.data.tokenizer import load_qwen_tokenizer
-from chatfleet.serverlog import quiet_bad_requests
+from chatfleet.http.log import quiet_bad_requests
 from chatfleet.simserver.app import ReplicaApp
 from chatfleet.simserver.generation import AnswerMaker
 from chatfleet.simserver.oracle import Oracle
