@@ -94,7 +94,7 @@ def add_admin_routes(ops: AdminOps, r: web.UrlDispatcher) -> None:
             ops.reload()
         except ConfigError as exc:
             return error(400, f"not reloaded (the running configuration is kept): "
-                                f"{exc}")
+                         f"{exc}")
         return web.json_response(config_summary(ops.config()))
 
     r.add_get("/admin/replicas", list_replicas)

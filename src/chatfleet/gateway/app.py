@@ -147,16 +147,14 @@ class Gateway:
         path = request.path
         if path.startswith("/admin"):
             if self.cfg.admin_sha256 is None:
-                return error(404, "the admin API is off: set admin.sha256 in the "
-                                    "config file")
+                return error(404, "the admin API is off: set admin.sha256 in the config file")
             if not self.cfg.is_admin(_bearer(request)):
-                return error(401, "the admin API needs the admin key",
-                                    code="invalid_api_key")
+                return error(401, "the admin API needs the admin key", code="invalid_api_key")
         elif path.startswith("/v1/") and self.cfg.keys:
             key = self.cfg.find_key(_bearer(request))
             if key is None:
-                return error(401, "missing or unknown API key (Authorization: Bearer "
-                                    "KEY)", code="invalid_api_key")
+                return error(401, "missing or unknown API key (Authorization: Bearer KEY)",
+                             code="invalid_api_key")
             request[KEY] = key
         resp: web.StreamResponse = await handler(request)
         return resp

@@ -133,8 +133,8 @@ class Relay:
     async def run(self, request: web.Request, call: Call) -> Relayed:
         if call.stream and request.version < (1, 1):
             return Relayed(error(400, "stream: true needs HTTP/1.1 (a stream is sent "
-                                        "with chunked transfer): send the request over "
-                                        "HTTP/1.1, or without stream", param="stream"),
+                                 "with chunked transfer): send the request over "
+                                 "HTTP/1.1, or without stream", param="stream"),
                            Outcome.REJECTED)
         async with Slot(self.fleet, call.fleet_request, self.on_placed) as slot:
             assert slot.decision is not None
@@ -179,11 +179,11 @@ class Relay:
                 if call.stream:
                     fleet.report(replica, ok=False)
                     return Relayed(error(504, f"the engine did not answer within "
-                                                f"{t.first_byte_s:g} s",
-                                                code="upstream_timeout"), Outcome.TIMEOUT)
+                                         f"{t.first_byte_s:g} s",
+                                         code="upstream_timeout"), Outcome.TIMEOUT)
                 return Relayed(error(504, f"the answer was not done within the "
-                                            f"request's total timeout, {t.total_s:g} s",
-                                            code="upstream_timeout"), Outcome.TIMEOUT)
+                                     f"request's total timeout, {t.total_s:g} s",
+                                     code="upstream_timeout"), Outcome.TIMEOUT)
             except BaseException:  # the client left (cancelled), or anything else
                 ex.abort_upstream()
                 raise
