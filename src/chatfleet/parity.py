@@ -4,8 +4,9 @@ and through the simserver in wall-clock time, compared in model time."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ class FleetParity:
     drive: DriveResult
     twin_records: list[Any]
     replay_agreement: float  # the gateway's traced core calls replayed: same decisions
+    offer_order: list[str] = field(default_factory=list)  # request ids, as the gateway took them
 
     def common(self) -> list[str]:
         return sorted(set(self.twin) & set(self.live))
@@ -120,6 +122,17 @@ class FleetParity:
             agree += len(group) - abs(a - b)
             i = j
         return agree / len(ids) if ids else 0.0
+
+    def arrival_swaps(self) -> list[tuple[str, str]]:
+        """Neighbours the gateway took in the other order than they were scheduled, as
+        (scheduled first, taken first) keys: the live fleet then got another trace than the
+        twin. Each request has its own connection, and the client, the gateway and the
+        engines share one process (and its GIL): under load, two requests sent a few
+        milliseconds apart can reach the gateway's core in either order."""
+        recs = {r.request_id: r for r in self.drive.records}
+        order = [recs[rid] for rid in self.offer_order if rid in recs]
+        return [(self._key_of(b), self._key_of(a)) for a, b in itertools.pairwise(order)
+                if b.scheduled_time < a.scheduled_time]
 
     @staticmethod
     def _key_of(rec: Any) -> str:
@@ -239,5 +252,6 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any
     logged = [(rid, outcome, replica) for _, rid, outcome, replica, _ in log.rows]
     same = sum(1 for a, b in zip(replayed, logged, strict=False) if a == b)
     replay_agreement = same / max(len(replayed), len(logged), 1)
+    offer_order = [args[0].request_id for _, name, args in calls.calls if name == "offer"]
     return FleetParity(twin, live, twin_point, live_point, max_in_flight_from_trace(trace), res,
-                       twin_records, replay_agreement)
+                       twin_records, replay_agreement, offer_order)

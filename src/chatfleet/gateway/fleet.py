@@ -20,7 +20,6 @@ from chatfleet.gateway.config import GatewayConfig, ReplicaConfig
 from chatfleet.gateway.metrics import GatewayMetrics, Gauges
 from chatfleet.gateway.upstream import Pool
 
-
 # uvloop's clock (loop.time()) reads whole milliseconds, and its timers round their delay to
 # the millisecond. The core sheds a queued request when now > deadline, so the first reading
 # that can be past a deadline is one tick after it: a deadline timer armed any closer fires
