@@ -28,6 +28,20 @@ class ParityResult:
     live_engine: dict[str, Any]
     emission_lag_ms: dict[str, float]
     drive: DriveResult
+    model_time_lost_s: float = 0.0  # lost by the simserver to its host, up to the window's end
+    time_scale: float = 1.0
+
+    def host_kept_up(self, max_lost_s: float = 0.25, max_lag_model_ms: float = 100.0) -> bool:
+        """Whether the host kept the model's timeline, so that the live side's model-time
+        figures measure the model and not the machine. A host delay of d wall seconds costs
+        d x time_scale model seconds. Two bounds, in model time:
+        - at most `max_lost_s` lost by replicas held up (the trace's resync rows): a loss of
+          L moves a request's TTFT by at most L and its TPOT by L / (tokens - 1); 0.25 s is a
+          quarter of the TTFT target and about 2 ms of TPOT at 128 tokens;
+        - the emission lag's p99 within `max_lag_model_ms` (100 ms: a tenth of the TTFT
+          target; 10 ms of wall time at time scale 10)."""
+        lag_model_ms = self.emission_lag_ms.get("p99", 0.0) * self.time_scale
+        return self.model_time_lost_s <= max_lost_s and lag_model_ms <= max_lag_model_ms
 
 
 def engine_from_trace(path: Path, start: float, end: float) -> dict[str, Any]:
@@ -52,6 +66,14 @@ def emission_lag(path: Path, scale: float) -> dict[str, float]:
             "max": lags[-1], "n": len(lags)}
 
 
+def model_time_lost(path: Path, end: float) -> float:
+    """Model seconds the simserver's replicas lost to their host before `end`: each time one
+    fell more than 50 ms (wall) behind its model's timeline it started from the present, and
+    the trace's "resync" row says how far that was."""
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+    return float(sum(r["lost_s"] for r in rows if r["type"] == "resync" and r["t"] <= end))
+
+
 def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s: float,
                warmup_s: float, seed: int, time_scale: float, trace: Path) -> ParityResult:
     load = {"mode": "closed", "concurrency": users}
@@ -70,7 +92,8 @@ def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s
     live = summarize_point(res.records, load=load, window=(warmup_s, end), slo=SLO(),
                            mode="closed", seed=seed, flushed=True, time_scale=time_scale)
     return ParityResult(twin.point, live, engine_from_trace(trace, warmup_s, end),
-                        emission_lag(trace, time_scale), res)
+                        emission_lag(trace, time_scale), res, model_time_lost(trace, end),
+                        time_scale)
 
 
 # --- the fleet: twin (core/fleet in virtual time) against gateway + simservers (wall clock) ---
