@@ -11,6 +11,7 @@ Usage: .venv/bin/python benchmarks/calibration_sensitivity.py
 from __future__ import annotations
 
 from chatfleet.core.calibration import ASSUMED_BF16_GEMM_EFF, fit_l4
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -24,7 +25,7 @@ EFFS = [0.35, 0.40, 0.45, ASSUMED_BF16_GEMM_EFF, 0.55, 0.60]
 def main() -> None:
     gpu, model = get_gpu("l4"), builtin_model("qwen3-8b")
     wcfg = WorkloadConfig(lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm"))
-    loads = [{"mode": "closed", "concurrency": c} for c in GRID]
+    loads = [ClosedLoad(c) for c in GRID]
     print("closed loop, Qwen3-8B on L4, 2,048-token shared prompt, mixed 512/128 lengths,"
           " 300 s per point; knee = highest load with >= 99% meeting TTFT 1 s and TPOT 100 ms")
     print(f"{'bf16 gemm eff':>13s} {'prefill fixed ms':>16s} {'fp8 gemm eff':>12s} "
@@ -35,7 +36,7 @@ def main() -> None:
         for prec in ("bf16", "fp8"):
             spec = EngineSpec(gpu, model, precision(prec, prec), calibration=cal)
             doc = TwinSweep(spec, wcfg, SLO(), duration_s=300.0, warmup_s=30.0).run(loads)
-            knees.append(doc["knee"]["meets"])
+            knees.append(doc.knee.meets)
         mark = "  <- assumed" if eff == ASSUMED_BF16_GEMM_EFF else ""
         print(f"{eff:13.2f} {cal.prefill_fixed_s * 1000:16.1f} {cal.gemm_eff['fp8']:12.3f} "
               f"{knees[0]!s:>9s} {knees[1]!s:>8s}{mark}")

@@ -30,10 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chatfleet.core.documents.sweep import ClosedLoad, Load, OpenLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, OpenLoop, Workload, WorkloadConfig
-from chatfleet.parity import _key, run_fleet_parity
+from chatfleet.jobs.parity import _key, run_fleet_parity
 from chatfleet.twin.fleet import FleetConfig, run_fleet_point
 
 SPEC = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
@@ -56,29 +57,29 @@ def bursts(num_bursts: int, period_s: float, gap_s: float) -> list[float]:
 
 
 # name, workload, load, duration, seed, arrival times
-TRACES: list[tuple[str, WorkloadConfig, dict[str, Any], float, int, list[float] | None]] = [
-    ("Poisson 1.5 sessions/s x 2 turns", wcfg(2), {"mode": "open", "rate_rps": 1.5}, 20.0, 1,
+TRACES: list[tuple[str, WorkloadConfig, Load, float, int, list[float] | None]] = [
+    ("Poisson 1.5 sessions/s x 2 turns", wcfg(2), OpenLoad(1.5), 20.0, 1,
      None),
-    ("Poisson 3 sessions/s x 2 turns", wcfg(2), {"mode": "open", "rate_rps": 3.0}, 30.0, 1,
+    ("Poisson 3 sessions/s x 2 turns", wcfg(2), OpenLoad(3.0), 30.0, 1,
      None),
-    ("Poisson 9 sessions/s x 1 turn", wcfg(1), {"mode": "open", "rate_rps": 9.0}, 20.0, 1,
+    ("Poisson 9 sessions/s x 1 turn", wcfg(1), OpenLoad(9.0), 20.0, 1,
      None),
-    ("closed loop, 24 users (3x the cap)", wcfg(2), {"mode": "closed", "concurrency": 24},
+    ("closed loop, 24 users (3x the cap)", wcfg(2), ClosedLoad(24),
      20.0, 1, None),
     ("bursts of 20 every 3 s, 4 ms apart x 2 turns", wcfg(2, "fixed"),
-     {"mode": "open", "rate_rps": 120 / 18.0}, 18.0, 1, bursts(6, 3.0, 0.004)),
+     OpenLoad(120 / 18.0), 18.0, 1, bursts(6, 3.0, 0.004)),
     # tests/gateway/test_overload_parity.py's trace: each burst meets an idle fleet
     ("bursts of 20 every 4.5 s, 20 ms apart x 2 turns", wcfg(2, "fixed"),
-     {"mode": "open", "rate_rps": 100 / 22.5}, 22.5, 1, bursts(5, 4.5, 0.020)),
+     OpenLoad(100 / 22.5), 22.5, 1, bursts(5, 4.5, 0.020)),
 ]
 
 
-def outcomes(cfg: WorkloadConfig, load: dict[str, Any], duration: float, seed: int,
+def outcomes(cfg: WorkloadConfig, load: Load, duration: float, seed: int,
              times: list[float] | None, hop_s: float) -> dict[str, str]:
     return {k: v[0] for k, v in placed(cfg, load, duration, seed, times, hop_s).items()}
 
 
-def placed(cfg: WorkloadConfig, load: dict[str, Any], duration: float, seed: int,
+def placed(cfg: WorkloadConfig, load: Load, duration: float, seed: int,
            times: list[float] | None, hop_s: float) -> dict[str, tuple[str, str | None]]:
     run = run_fleet_point(SPEC, cfg, load, fleet(hop_s), duration_s=duration, warmup_s=2.0,
                           seed=seed, replica_names=NAMES, arrival_times=times)
@@ -86,12 +87,13 @@ def placed(cfg: WorkloadConfig, load: dict[str, Any], duration: float, seed: int
             for r in run.records}
 
 
-def arrival_trace(cfg: WorkloadConfig, load: dict[str, Any], duration: float,
+def arrival_trace(cfg: WorkloadConfig, load: Load, duration: float,
                   seed: int) -> list[float]:
     """The session arrival times an open loop draws for this seed (what the twin and the
     live run both follow)."""
-    loop = OpenLoop(Workload(cfg, random.Random(seed)), float(load["rate_rps"]),
-                    float(load.get("burstiness", 1.0)))
+    assert isinstance(load, OpenLoad)
+    loop = OpenLoop(Workload(cfg, random.Random(seed)), float(load.rate_rps),
+                    float(load.burstiness or 1.0))
     out: list[float] = []
     t = 0.0
     while t < duration + 2.0:
@@ -100,7 +102,7 @@ def arrival_trace(cfg: WorkloadConfig, load: dict[str, Any], duration: float,
     return out
 
 
-def jitter_check(cfg: WorkloadConfig, load: dict[str, Any], duration: float, seed: int,
+def jitter_check(cfg: WorkloadConfig, load: Load, duration: float, seed: int,
                  times: list[float] | None) -> tuple[float, str]:
     """The twin against itself with every session arrival moved by up to +-1 ms (uniform,
     order kept): decision agreement, and sessions whose first admitted turn kept its replica."""
@@ -144,7 +146,7 @@ def main() -> None:
             "twin_vs_twin": {f"{h * 1000:g} ms": round(agreement(base, outcomes(
                 cfg, load, duration, seed, times, h)), 3) for h in (0.0015, 0.0025, 0.003)},
         }
-        if load["mode"] == "open":
+        if load.mode == "open":
             agree, sessions = jitter_check(cfg, load, duration, seed, times)
             row["twin_vs_twin_jitter_1ms"] = {"decisions": round(agree, 3),
                                               "sessions_same_replica": sessions}
@@ -164,8 +166,8 @@ def main() -> None:
             row["live"] = {"vs_twin_hop_2ms": round(res.decision_agreement(), 3),
                            "shed_share_twin_live": f"{share(res.twin)} / {share(res.live)}",
                            "admitted_attainment_twin_live": (
-                               f"{res.twin_point['admitted_attainment']:.3f} / "
-                               f"{res.live_point['admitted_attainment']:.3f}"),
+                               f"{res.twin_point.admitted_attainment:.3f} / "
+                               f"{res.live_point.admitted_attainment:.3f}"),
                            "vs_twin_no_hop": round(agreement(no_hop, live), 3),
                            "sessions_same_replica": f"{same}/{both}",
                            "replay": res.replay_agreement, "wall_s": round(wall, 1)}

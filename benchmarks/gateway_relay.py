@@ -39,7 +39,7 @@ Every piece is a separate process started from this one file, all bound to 127.0
   think time). Users start spread evenly over one request's duration (--ramp-s, default
   chunks x interval) so the load is steady rather than in waves. Timestamps are taken in
   data_received; a read that completes k SSE events gives k gaps of (now - previous read) / k
-  (DESIGN.md: a chunk's gap is split over what it carries). TTFT = first event - send time,
+  (docs/metrics.md: a chunk's gap is split over what it carries). TTFT = first event - send time,
   for requests sent inside the window; ITL = gaps of events that arrive inside the window.
   The window starts --warmup-s after the ramp and lasts --measure-s; then sending stops and
   what is in flight may finish for --drain-s (bounded), then every connection is closed.

@@ -70,6 +70,7 @@ import orjson
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import LOOP_PROBE_S, DriveResult, completions_with_ids, drive
 from chatfleet.bench.sweep import LiveSweepConfig, p99
+from chatfleet.core.documents.sweep import ClosedLoad, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
@@ -226,15 +227,15 @@ def rel(ours: float, truth: float) -> float:
     return (ours - truth) / truth if truth else float("nan")
 
 
-def latency_block(point: dict[str, Any]) -> dict[str, float]:
-    return {f"{m}.{p}": float(point[m][p]) for m, p in COMPARED}
+def latency_block(point: SweepPoint) -> dict[str, float]:
+    return {f"{m}.{p}": float(point.quantiles(m).get(p) or 0.0) for m, p in COMPARED}
 
 
 def compare(client: list[RequestRecord], truth: list[RequestRecord], n: int,
             window: tuple[float, float]) -> tuple[dict[str, float], dict[str, float],
                                                   dict[str, float]]:
     """The sweep's figures over the same requests, from the client's times and the trace's."""
-    kw: dict[str, Any] = {"load": {"mode": "closed", "concurrency": n}, "window": window,
+    kw: dict[str, Any] = {"load": ClosedLoad(n), "window": window,
                           "slo": SLO(), "mode": "closed", "seed": 0, "flushed": False}
     ours = latency_block(summarize_point(client, **kw))
     true = latency_block(summarize_point(truth, **kw))
@@ -308,6 +309,7 @@ def analyse(n: int, run: ClientRun, trace: Trace, args: argparse.Namespace,
     win_loop = [lag for t, lag in run.probe if window[0] <= t < window[1]]
     slag = np.concatenate(server_lag) if server_lag else np.zeros(0)
     ours, true, rels = compare(client_recs, truth_recs, n, window)
+    tok_s = throughput(res.records, trace, t0, n, window)
     send_p99, loop_p99 = p99(res.send_lag_ms), p99(res.loop_lag_ms)
     # the sweep judges the client on the window's own lags (bench/sweep.py)
     reasons = []
@@ -345,8 +347,29 @@ def analyse(n: int, run: ClientRun, trace: Trace, args: argparse.Namespace,
                "trace_steps": trace.steps, "loop_lag_samples": len(res.loop_lag_ms),
                "server_lag_ms_p50": pct(slag, 50), "server_lag_ms_max":
                float(slag.max()) if slag.size else float("nan"),
-               "ttft_err_ms_max": max(ttft_errs, default=float("nan"))},
+               "ttft_err_ms_max": max(ttft_errs, default=float("nan")),
+               "output_tok_s": tok_s},
     )
+
+
+def throughput(records: list[RequestRecord], trace: Trace, t0: float, n: int,
+               window: tuple[float, float]) -> dict[str, float]:
+    """Output tok/s as the sweep reports it (summarize_point over every record) against the
+    trace's: the tokens the server sent in the window, on the client's clock. Beside them, the
+    tokens of the requests sent in the window (how chatfleet counted before), for contrast."""
+    duration = window[1] - window[0]
+    sent = 0
+    for act in trace.actual.values():
+        t = act - t0
+        sent += int(np.count_nonzero((t >= window[0]) & (t < window[1])))
+    truth = sent / duration
+    point = summarize_point(records, load=ClosedLoad(n), window=window,
+                            slo=SLO(), mode="closed", seed=0, flushed=False)
+    by_send = sum(r.output_tokens for r in records
+                  if window[0] <= r.send_time < window[1]) / duration
+    return {"client": point.output_tok_s, "trace": truth,
+            "rel": rel(point.output_tok_s, truth), "sent_in_window": by_send,
+            "sent_in_window_rel": rel(by_send, truth)}
 
 
 def run_point(n: int, args: argparse.Namespace, workdir: Path) -> Point:
@@ -682,6 +705,15 @@ def main() -> None:
             print(LAT_HEADER)
             for pt in points:
                 print("\n".join(lat_rows(pt)))
+            print("\noutput tok/s: the sweep's figure against the trace's tokens sent in the "
+                  "window (and the tokens of the requests sent in it, for contrast)")
+            print(f"{'streams':>7} {'client':>9} {'trace':>9} {'rel':>8} {'by send':>9} "
+                  f"{'rel':>8}")
+            for pt in points:
+                t = pt.extra["output_tok_s"]
+                print(f"{pt.streams:>7} {t['client']:>9.1f} {t['trace']:>9.1f} "
+                      f"{t['rel']:>+8.2%} {t['sent_in_window']:>9.1f} "
+                      f"{t['sent_in_window_rel']:>+8.2%}")
             print()
             print_verdicts(verdicts(points))
         if args.peer_python:

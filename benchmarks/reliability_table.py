@@ -2,6 +2,9 @@
 
     .venv/bin/pytest tests/reliability            # writes out/reliability.json
     .venv/bin/python benchmarks/reliability_table.py out/reliability.json > table.md
+
+Several files (the suite run one file at a time, each with its own
+CHATFLEET_RELIABILITY_OUT) are rendered as one run: their rows together, the latest date.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-KINDS = {"load": "load held", "fault": "fault survived", "input": "bad input",
-         "harness": "harness"}
+KINDS = {"load": "load held", "fault": "fault survived", "fairness": "fairness",
+         "input": "bad input", "harness": "harness"}
 
 
 def render(doc: dict[str, object]) -> str:
@@ -30,5 +33,14 @@ def render(doc: dict[str, object]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merged(docs: list[dict[str, object]]) -> dict[str, object]:
+    rows: list[object] = []
+    for d in docs:
+        part = d["rows"]
+        assert isinstance(part, list)
+        rows += part
+    return {"date": max(str(d["date"]) for d in docs), "rows": rows}
+
+
 if __name__ == "__main__":
-    sys.stdout.write(render(json.loads(Path(sys.argv[1]).read_text())))
+    sys.stdout.write(render(merged([json.loads(Path(p).read_text()) for p in sys.argv[1:]])))

@@ -95,6 +95,7 @@ POOL_HEADROOM = 1.25
 UVLOOP_MAIN = ("import asyncio, sys, uvloop; "
                "asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
                "from chatfleet.cli import main; sys.argv[0] = 'chatfleet'; sys.exit(main())")
+CLI_MAIN = "import sys; from chatfleet.cli import main; sys.argv[0] = 'chatfleet'; sys.exit(main())"
 LATE_START_MS = 0.5  # a decode step that began this much after the last one ended (a resync)
 
 
@@ -144,13 +145,15 @@ class SimServer:
 
     def __init__(self, trace: Path, log: Path, pool_tokens: int | None,
                  profile: Path | None = None, uvloop: bool = False,
-                 cpus: set[int] | None = None) -> None:
+                 cpus: set[int] | None = None, time_scale: float = TIME_SCALE) -> None:
         args = ["simserver", "--weights", "fp8", "--kv-cache", "fp8", "--port", "0",
-                "--time-scale", str(TIME_SCALE), "--trace", str(trace)]
+                "--time-scale", str(time_scale), "--trace", str(trace)]
         if pool_tokens is not None:
             args += ["--pool-tokens", str(pool_tokens)]
         if uvloop:  # what-if: the same CLI with uvloop's event loop under asyncio.run
             self.argv = [sys.executable, "-c", UVLOOP_MAIN, *args]
+        elif not CHATFLEET.exists():  # a checkout without the venv's entry script
+            self.argv = [sys.executable, "-c", CLI_MAIN, *args]
         elif profile is not None:
             self.argv = [sys.executable, "-m", "cProfile", "-o", str(profile), str(CHATFLEET),
                          *args]

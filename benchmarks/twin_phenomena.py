@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chatfleet.core.documents.sweep import ClosedLoad, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
@@ -22,16 +23,16 @@ def engine(prec: str, **kw: Any) -> EngineSpec:
 
 def closed(spec: EngineSpec, users: int, wcfg: WorkloadConfig | None = None,
            duration: float = 300.0, warmup: float = 30.0) -> PointRun:
-    return run_point(spec, wcfg or WorkloadConfig(), {"mode": "closed", "concurrency": users},
+    return run_point(spec, wcfg or WorkloadConfig(), ClosedLoad(users),
                      duration_s=duration, warmup_s=warmup)
 
 
-def line(tag: str, p: dict[str, Any]) -> str:
-    e = p["engine"]
-    return (f"{tag:44s} attain {p['attainment']:.3f}  tok/s {p['output_tok_s']:6.1f}  "
-            f"TTFT p50 {p['ttft_ms']['p50']:7.0f} ms  TPOT p50 {p['tpot_ms']['p50']:5.0f} ms  "
-            f"running {e['max_running']:3d}  queue {e['max_queue']:3d}  "
-            f"usage {e['peak_token_usage']:.2f}")
+def line(tag: str, p: SweepPoint) -> str:
+    e = p.engine
+    return (f"{tag:44s} attain {p.attainment:.3f}  tok/s {p.output_tok_s:6.1f}  "
+            f"TTFT p50 {p.ttft_ms.p50:7.0f} ms  TPOT p50 {p.tpot_ms.p50:5.0f} ms  "
+            f"running {e.max_running:3d}  queue {e.max_queue:3d}  "
+            f"usage {e.peak_token_usage:.2f}")
 
 
 def main() -> None:
@@ -42,9 +43,9 @@ def main() -> None:
     for users in (16, 32, 64):
         f = closed(engine("fp8"), users).point
         m = closed(engine("fp8"), users, WorkloadConfig(lengths=MIXED)).point
-        ratio = f["ttft_ms"]["p50"] / m["ttft_ms"]["p50"]
-        print(f"   {users} users: median TTFT fixed {f['ttft_ms']['p50']:.0f} ms, mixed "
-              f"{m['ttft_ms']['p50']:.0f} ms, ratio {ratio:.1f}")
+        ratio = f.ttft_ms.p50 / m.ttft_ms.p50
+        print(f"   {users} users: median TTFT fixed {f.ttft_ms.p50:.0f} ms, mixed "
+              f"{m.ttft_ms.p50:.0f} ms, ratio {ratio:.1f}")
     print("3. throughput against attainment, FP8, mixed lengths")
     for users in (4, 8, 16, 32, 64):
         print(line(f"   {users} users", closed(engine("fp8"), users,

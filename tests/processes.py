@@ -1,4 +1,5 @@
-"""`chatfleet` commands as real processes in tests: start one, stop it cleanly."""
+"""`chatfleet` commands as real processes in tests: start one, stop it cleanly; and a server
+that is no engine at all, for the commands that must refuse one."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 CHATFLEET = Path(sys.executable).with_name("chatfleet")
@@ -34,3 +38,28 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> int:
             proc.kill()
             proc.wait(10)
     return proc.returncode
+
+
+class _NotFound(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def not_an_engine() -> Iterator[str]:
+    """The URL of a local HTTP server that answers 404 to everything (a port or path that is
+    not an engine's), stopped on exit."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)

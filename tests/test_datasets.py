@@ -1,4 +1,5 @@
-"""Tests for chatfleet.datasets: Qwen3 tokenizer/template, exact-token texts, ShareGPT, GSM8K."""
+"""Tests for chatfleet.data and chatfleet.check.gsm8k: Qwen3 tokenizer/template, exact-token texts,
+ShareGPT, GSM8K."""
 
 from __future__ import annotations
 
@@ -7,26 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from chatfleet.datasets import (
-    SHAREGPT_MAX_PROMPT_LEN,
-    SHAREGPT_MAX_TOTAL_LEN,
-    SHAREGPT_MIN_LEN,
-    QwenTokenizer,
-    cached_sharegpt_length_pairs,
-    extract_model_answer,
-    gsm8k_answer,
-    load_gsm8k,
-    load_length_file,
-    load_qwen_tokenizer,
-    load_sharegpt_conversations,
-    qwen_tokenizer_dir,
-    sharegpt_length_pairs,
+from chatfleet.check.gsm8k import extract_model_answer, gsm8k_answer, load_gsm8k
+from chatfleet.data.exact_tokens import (
     system_block_overhead,
     system_prompt_of_exact_tokens,
     text_of_exact_tokens,
 )
+from chatfleet.data.lengths import load_length_file
+from chatfleet.data.paths import gsm8k_test_path, qwen_tokenizer_dir
+from chatfleet.data.sharegpt import (
+    SHAREGPT_MAX_PROMPT_LEN,
+    SHAREGPT_MAX_TOTAL_LEN,
+    SHAREGPT_MIN_LEN,
+    cached_sharegpt_length_pairs,
+    load_sharegpt_conversations,
+    sharegpt_length_pairs,
+)
+from chatfleet.data.tokenizer import QwenTokenizer, load_qwen_tokenizer
 
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K_TEST = gsm8k_test_path()  # the split shipped with the package
 
 TWO_TURNS = [
     {"role": "system", "content": "You are terse."},
@@ -344,3 +344,15 @@ def test_gsm8k_answer_and_model_answer() -> None:
     assert extract_model_answer("It is 2.5 hours") == "2.5"
     assert extract_model_answer("<think>\n5 + 5</think>\n\nThe answer is -10.") == "-10"
     assert extract_model_answer("no digits") is None
+
+
+def test_the_old_datasets_module_still_imports_for_one_release() -> None:
+    import importlib
+    import sys
+
+    sys.modules.pop("chatfleet.datasets", None)
+    with pytest.warns(DeprecationWarning, match=r"chatfleet\.data"):
+        old = importlib.import_module("chatfleet.datasets")
+    assert old.load_qwen_tokenizer is load_qwen_tokenizer
+    assert old.gsm8k_answer is gsm8k_answer
+    assert all(hasattr(old, name) for name in old.__all__)

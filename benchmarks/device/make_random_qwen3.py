@@ -15,7 +15,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from chatfleet.core.specs import QWEN3_8B_CONFIG
-from chatfleet.datasets import qwen_tokenizer_dir
+from chatfleet.data.paths import qwen_tokenizer_dir
 
 
 def main() -> None:

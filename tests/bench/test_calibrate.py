@@ -10,19 +10,21 @@ from typer.testing import CliRunner
 
 from chatfleet.cli import app
 from chatfleet.core.calibration import L4_CALIBRATION
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
-from chatfleet.twin.calibrate import calibrate, load_profile
+from chatfleet.twin.calibrate import calibrate, load_profile, workload_from_json
 from chatfleet.twin.sweep import TwinSweep
 
 
 def twin_sweep(tmp_path: Path) -> Path:
     spec = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
     wcfg = WorkloadConfig(lengths=LengthSpec("fixed", 512, 128))
-    loads = [{"mode": "closed", "concurrency": c} for c in (1, 4, 16)]
-    doc = TwinSweep(spec, wcfg, SLO(), duration_s=120.0, warmup_s=10.0, seed=3).run(loads)
+    loads = [ClosedLoad(c) for c in (1, 4, 16)]
+    doc = TwinSweep(spec, wcfg, SLO(), duration_s=120.0, warmup_s=10.0,
+                    seed=3).run(loads).to_json()
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(doc))
     return path
@@ -73,3 +75,12 @@ def test_calibrate_refuses_a_sweep_without_a_concurrency_one_point(tmp_path: Pat
     res = CliRunner().invoke(app, ["twin", "calibrate", "--from", str(tmp_path / "none.json"),
                                    "--out", str(tmp_path / "p.json")])
     assert res.exit_code == 2
+
+
+def test_a_sweeps_group_draw_is_replayed_and_older_sweeps_read_as_round_robin() -> None:
+    wcfg = WorkloadConfig(prompt_groups=8, group_draw="request",
+                          lengths=LengthSpec("fixed", 64, 16))
+    again, _ = workload_from_json(wcfg.to_json())
+    assert again == wcfg
+    older = {k: v for k, v in wcfg.to_json().items() if k != "group_draw"}
+    assert workload_from_json(older)[0].group_draw == "round-robin"

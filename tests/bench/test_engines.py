@@ -196,11 +196,70 @@ def test_scraper_reads_the_simservers_engine_state(sim: RunningServer, tmp_path:
     assert recs[-1]["pool_tokens"] == 142372
     assert recs[-1]["generation_tokens"] >= 8 * 300
     block = engine_block_from(recs)
-    assert block["max_running"] >= 2 and block["peak_token_usage"] > 0
-    assert block["scrapes"] == len(recs)
-    assert engine_block_from(recs, 1e9, None)["max_running"] is None
+    assert block.max_running >= 2 and block.peak_token_usage > 0
+    assert block.scrapes == len(recs)
+    assert engine_block_from(recs, 1e9, None).max_running is None
     rows = [orjson.loads(x) for x in path.read_bytes().splitlines()]
     assert len(rows) == len(recs)
+
+
+HISTOGRAM = "".join(
+    f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{b}"}} 7.0\n'
+    for b in (0.001, 0.01, 0.1, 1.0, 10.0, "+Inf"))
+
+
+def test_the_scraper_parses_only_what_the_adapter_reads(sim: RunningServer) -> None:
+    """An engine's page is mostly histograms the harness never reads: only the adapter's own
+    series are parsed, and they read the same as from the whole page."""
+
+    async def page(url: str) -> str:
+        async with aiohttp.ClientSession() as sess, sess.get(url + "/metrics") as resp:
+            return await resp.text()
+
+    async def vllm_page() -> str:
+        async with serve_fake(FakeVLLM()) as url:
+            return await page(url)
+
+    pages = {"simserver": run(page(sim.urls[0])), "vllm": run(vllm_page()) + HISTOGRAM}
+    pages["sglang"] = pages["simserver"]
+    for name, text in pages.items():
+        adapter = get_adapter(name)
+        names = adapter.scraped_metric_names()
+        whole, picked = parse_prometheus(text), parse_prometheus(text, names)
+        assert adapter.read_metrics(picked) == adapter.read_metrics(whole), name
+        assert set(picked.names()) <= names, name
+        assert len(picked.names()) < len(whole.names())
+    assert "vllm:cache_config_info" in VLLMAdapter().scraped_metric_names()
+
+
+def test_vllms_own_page_reads_the_same_from_the_adapters_series() -> None:
+    """/metrics as vLLM 0.26.0 served it on the H200 (idle, random-weight Qwen3-8B): 559 lines,
+    nearly all histograms; the adapter reads 9 of them."""
+    text = (Path(__file__).parent / "data" / "vllm-0.26.0-metrics.txt").read_text()
+    adapter = VLLMAdapter()
+    whole = parse_prometheus(text)
+    picked = parse_prometheus(text, adapter.scraped_metric_names())
+    assert adapter.read_metrics(picked) == adapter.read_metrics(whole)
+    assert adapter.read_metrics(picked)["pool_tokens"] == 51099 * 16
+    assert len(list(picked)) == 9 and len(list(whole)) > 300
+
+
+def test_select_samples_matches_whole_names_only() -> None:
+    from chatfleet.engines.prom import select_samples
+
+    text = ("# HELP vllm:prompt_tokens Prefill tokens.\n# TYPE vllm:prompt_tokens counter\n"
+            'vllm:prompt_tokens_total{model_name="a b",engine="0"} 12.0\n'
+            'vllm:prompt_tokens_total_created{engine="0"} 1.7e9\n'
+            "vllm:prompt_tokens_totalx 5\n  vllm:num_requests_running 3\n" + HISTOGRAM)
+    picked = select_samples(text, ["vllm:prompt_tokens_total", "vllm:num_requests_running",
+                                   "vllm:time_to_first_token_seconds"])
+    assert picked.splitlines() == ['vllm:prompt_tokens_total{model_name="a b",engine="0"} 12.0',
+                                   "  vllm:num_requests_running 3"]
+    m = parse_prometheus(text, ["vllm:prompt_tokens_total"])
+    assert m.value("vllm:prompt_tokens_total") == 12.0
+    assert m.samples("vllm:prompt_tokens_total")[0].labels == {"model_name": "a b",
+                                                                "engine": "0"}
+    assert select_samples(text, []) == "" and parse_prometheus(text, []).names() == []
 
 
 def test_scraper_counts_failures() -> None:
@@ -211,7 +270,7 @@ def test_scraper_counts_failures() -> None:
         return sc
 
     sc = run(main())
-    assert not sc.records and sc.failures >= 2 and sc.summary()["failures"] == sc.failures
+    assert not sc.records and sc.failures >= 2 and sc.summary().failures == sc.failures
 
 
 def test_simserver_server_info(sim: RunningServer) -> None:

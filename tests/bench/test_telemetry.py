@@ -27,7 +27,6 @@ from chatfleet.bench.telemetry import (
     TelemetrySource,
     TelemetrySpec,
     TelemetryUnavailable,
-    below_clock_floor,
     cool_down,
     decode_reasons,
     make_source,
@@ -36,6 +35,7 @@ from chatfleet.bench.telemetry import (
 )
 from chatfleet.cli import agent as agent_cli
 from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.measure.validity import below_clock_floor
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.simserver.server import RunningServer, ServerConfig, serve_in_thread
 
@@ -177,7 +177,7 @@ def test_nvml_unavailable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
     def no_module() -> types.ModuleType:
         raise TelemetryUnavailable("NVML telemetry needs nvidia-ml-py: pip install nvidia-ml-py")
 
-    monkeypatch.setattr(tm, "_import_pynvml", no_module)
+    monkeypatch.setattr(tm.nvml, "_import_pynvml", no_module)
     with pytest.raises(TelemetryUnavailable, match="nvidia-ml-py"):
         NvmlReader(0)
 
@@ -198,7 +198,7 @@ def test_real_nvml_here_either_works_or_says_why() -> None:
 
 @pytest.mark.timeout(30)
 def test_sampler_with_fake_nvml_at_100ms(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(tm, "_import_pynvml", lambda: fake_pynvml())
+    monkeypatch.setattr(tm.nvml, "_import_pynvml", lambda: fake_pynvml())
     path = tmp_path / "telemetry.jsonl"
 
     async def main() -> TelemetrySampler:
@@ -213,7 +213,8 @@ def test_sampler_with_fake_nvml_at_100ms(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert s.failures == 0
     clocks = [x.reading.sm_clock_mhz for x in s.samples]
     assert clocks == [CLOCKS[i % 4] for i in range(n)]  # every reading, in order
-    summary = s.summary()
+    block = s.summary()
+    summary = block.to_json()
     assert summary["samples"] == n
     assert summary["sm_clock_mhz"]["p50"] == statistics.median(clocks)
     assert summary["sm_clock_mhz"]["min"] == min(clocks)
@@ -226,7 +227,7 @@ def test_sampler_with_fake_nvml_at_100ms(monkeypatch: pytest.MonkeyPatch, tmp_pa
         sum(1 for i in range(n) if MASKS[i % 4] & 0x40) / n, abs=1e-4)
     # a window selects by model time
     t = [x.t for x in s.samples]
-    part = s.summary(t[2], t[5])
+    part = s.summary(t[2], t[5]).to_json()
     assert part["samples"] == 4
     assert part["sm_clock_mhz"]["min"] == min(clocks[2:6])
     # the file holds every sample, one JSON object a line
@@ -235,15 +236,15 @@ def test_sampler_with_fake_nvml_at_100ms(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert set(rows[0]) >= {"t", "sm_clock_mhz", "temp_c", "power_w", "thermal_slowdown",
                             "reasons"}
     assert rows[2]["reasons"] == ["hw_thermal_slowdown"] and rows[2]["thermal_slowdown"] is True
-    assert below_clock_floor(summary, 2000) is not None
-    assert below_clock_floor(summary, 100) is None
+    assert below_clock_floor(block, 2000) is not None
+    assert below_clock_floor(block, 100) is None
 
 
 def test_sampler_with_missing_nvml_fails_before_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_gpu() -> types.ModuleType:
         return fake_pynvml(init_error=True)
 
-    monkeypatch.setattr(tm, "_import_pynvml", no_gpu)
+    monkeypatch.setattr(tm.nvml, "_import_pynvml", no_gpu)
 
     async def main() -> None:
         async with TelemetrySampler("nvml"):
@@ -281,7 +282,7 @@ def test_sample_failures_are_counted_not_raised() -> None:
     assert s.failures >= 3
     assert len(s.samples) >= 3
     assert s.last_error is not None
-    assert s.summary()["failures"] == s.failures
+    assert s.summary().to_json()["failures"] == s.failures
 
 
 def test_none_source_samples_nothing() -> None:
@@ -291,7 +292,7 @@ def test_none_source_samples_nothing() -> None:
         return s
 
     s = asyncio.run(main())
-    summary = s.summary()
+    summary = s.summary().to_json()
     assert summary["samples"] == 0 and summary["sm_clock_mhz"]["p50"] is None
     assert summary["note"] == "no telemetry source"
 
@@ -370,8 +371,8 @@ def test_dcgm_source_over_http() -> None:
 
     s = asyncio.run(main())
     assert len(s.samples) >= 4 and s.failures == 0
-    assert s.summary()["thermal_slowdown_share"] == 1.0
-    assert s.summary()["temp_c"]["max"] == 84.0
+    assert s.summary().to_json()["thermal_slowdown_share"] == 1.0
+    assert s.summary().to_json()["temp_c"]["max"] == 84.0
 
 
 # --- the simserver as a source ---------------------------------------------------------------
@@ -401,7 +402,7 @@ def test_simserver_source_samples_its_thermal_model(thermal_server: RunningServe
 
     s = asyncio.run(main())
     assert len(s.samples) >= 5 and s.failures == 0
-    summary = s.summary()
+    summary = s.summary().to_json()
     assert summary["sm_clock_mhz"]["p50"] > 0
     assert summary["temp_c"]["max"] is not None
     assert summary["thermal_slowdown_share"] is not None
@@ -414,8 +415,8 @@ def test_cool_down_against_a_simserver_without_thermal_model() -> None:
     spec = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
     with serve_in_thread(ServerConfig(spec=spec, time_scale=20)) as srv:
         res = asyncio.run(cool_down("simserver", 50.0, 5.0, target=srv.urls[0]))
-    assert res["waited_s"] == 0.0 and res["timed_out"] is False
-    assert "no temperature" in res["note"]
+    assert res.waited_s == 0.0 and res.timed_out is False
+    assert "no temperature" in res.note
 
 
 # --- the agent -------------------------------------------------------------------------------
@@ -466,7 +467,7 @@ def test_agent_serves_a_reader_and_the_sampler_reads_it() -> None:
     assert doc["clock_event_reasons"] == ["hw_thermal_slowdown"]
     assert doc["thermal_slowdown"] is True and doc["sm_clock_mhz"] == 1320.0
     assert len(s.samples) >= 5 and s.failures == 0
-    share = s.summary()["thermal_slowdown_share"]
+    share = s.summary().to_json()["thermal_slowdown_share"]
     assert 0.3 <= share <= 0.7
     assert {x.reading.sm_clock_mhz for x in s.samples} == {1320.0, 2040.0}
 
@@ -523,17 +524,17 @@ class TempSource(TelemetrySource):
 def test_cool_down_returns_at_once_when_cool() -> None:
     src = TempSource([45.0])
     res = asyncio.run(cool_down(src, 60.0, 10.0, poll_s=0.05))
-    assert res["timed_out"] is False and res["waited_s"] < 0.05
-    assert res["start_temp_c"] == res["end_temp_c"] == 45.0
+    assert res.timed_out is False and res.waited_s < 0.05
+    assert res.start_temp_c == res.end_temp_c == 45.0
     assert src.reads == 1
 
 
 def test_cool_down_waits_until_cool() -> None:
     src = TempSource([80.0, 75.0, 66.0, 59.5])
     res = asyncio.run(cool_down(src, 60.0, 10.0, poll_s=0.05))
-    assert res["timed_out"] is False
-    assert res["start_temp_c"] == 80.0 and res["end_temp_c"] == 59.5
-    assert 0.1 <= res["waited_s"] < 1.0
+    assert res.timed_out is False
+    assert res.start_temp_c == 80.0 and res.end_temp_c == 59.5
+    assert 0.1 <= res.waited_s < 1.0
 
 
 @pytest.mark.timeout(10)
@@ -542,15 +543,15 @@ def test_cool_down_is_bounded_when_hot() -> None:
     t0 = time.monotonic()
     res = asyncio.run(cool_down(src, 60.0, 0.5, poll_s=0.1))
     elapsed = time.monotonic() - t0
-    assert res["timed_out"] is True and res["end_temp_c"] == 88.0
-    assert 0.45 <= res["waited_s"] <= 0.8 and elapsed < 1.0
+    assert res.timed_out is True and res.end_temp_c == 88.0
+    assert 0.45 <= res.waited_s <= 0.8 and elapsed < 1.0
 
 
 def test_cool_down_without_temperature() -> None:
     res = asyncio.run(cool_down("none", 60.0, 10.0))
-    assert res["waited_s"] == 0.0 and "no temperature" in res["note"]
+    assert res.waited_s == 0.0 and "no temperature" in res.note
     res = asyncio.run(cool_down(TempSource([None]), 60.0, 10.0))
-    assert res["timed_out"] is False and "no temperature" in res["note"]
+    assert res.timed_out is False and "no temperature" in res.note
     with pytest.raises(ValueError):
         asyncio.run(cool_down("none", 60.0, -1.0))
 

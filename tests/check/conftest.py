@@ -9,11 +9,12 @@ from pathlib import Path
 
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
+from chatfleet.data.paths import gsm8k_test_path
 from chatfleet.simserver.server import RunningServer, ServerConfig, serve_in_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-GSM8K_TEST = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K_TEST = gsm8k_test_path()  # the split shipped with the package
 TIME_SCALE = 100.0
 
 

@@ -52,6 +52,19 @@ def test_bad_input_is_one_clean_error(args: list[str], message: str) -> None:
     assert "Traceback" not in out + err and out == ""
 
 
+def test_a_target_that_is_not_an_engine_is_refused_before_any_question() -> None:
+    """A 404 for /v1/models (a wrong port or path) once asked every question, each failing,
+    and exited 1; it is bad input, one line, exit 2."""
+    from tests.processes import not_an_engine
+
+    with not_an_engine() as url:
+        code, out, err = invoke("--target", f"bf16={url}", "--dataset", str(GSM8K_TEST),
+                                "--n", "3")
+    assert code == 2, err
+    assert err.startswith("error:") and "answers 404 for /v1/models" in " ".join(err.split())
+    assert "Traceback" not in out + err
+
+
 def test_bad_dataset_file_is_one_clean_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "p", "answer": "a"}\nnot json\n')

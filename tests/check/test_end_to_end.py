@@ -92,5 +92,5 @@ def test_two_oracles_over_gsm8k_match_the_hand_computation(tmp_path: Path) -> No
     assert json.loads(out_file.read_text()) == doc
     # `chatfleet plan --accuracy` reads this result: fp8 is not shown within 2 points
     verdicts = accuracy_verdicts(doc, ["bf16", "fp8"])
-    assert verdicts["bf16"]["allowed"] and verdicts["fp8"]["allowed"] is False
+    assert verdicts["bf16"].allowed and verdicts["fp8"].allowed is False
     print(f"two oracles x {N} questions: {elapsed:.1f} s")

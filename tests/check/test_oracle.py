@@ -10,8 +10,8 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
+from chatfleet.check.gsm8k import gsm8k_answer, load_gsm8k
 from chatfleet.core.accuracy import GSM8K_SUFFIX, parse_number
-from chatfleet.datasets import gsm8k_answer, load_gsm8k
 from chatfleet.simserver.oracle import oracle_draw
 from tests.check.conftest import GSM8K_TEST, oracle
 

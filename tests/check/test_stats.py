@@ -8,6 +8,7 @@ import random
 import pytest
 from scipy.stats import binomtest
 
+from chatfleet.check.gsm8k import extract_model_answer, gsm8k_answer
 from chatfleet.core.accuracy import (
     GSM8K_SUFFIX,
     Z95,
@@ -24,7 +25,6 @@ from chatfleet.core.accuracy import (
     summarize_target,
     wilson_interval,
 )
-from chatfleet.datasets import extract_model_answer, gsm8k_answer
 
 
 def test_z_is_the_normal_975_quantile() -> None:

@@ -1,4 +1,4 @@
-"""Metrics math: expected values below are worked out by hand from DESIGN.md's definitions."""
+"""Metrics math: expected values below are worked out by hand from docs/metrics.md's definitions."""
 
 from __future__ import annotations
 
@@ -10,9 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chatfleet.core.documents.sweep import (
+    ClientBlock,
+    EngineBlock,
+    Knee,
+    SweepPoint,
+    load_from_json,
+)
 from chatfleet.core.metrics import (
     ITL_STATS,
     SLO,
+    arrivals_in_window,
     bisect_next,
     e2e,
     expand_chunks,
@@ -72,7 +80,7 @@ def point(
     valid: bool = True,
     tok_s: float = 0.0,
     in_flight: int | None = None,
-) -> dict[str, Any]:
+) -> SweepPoint:
     key = "concurrency" if mode == "closed" else "rate_rps"
     p: dict[str, Any] = {
         "load": {"mode": mode, key: load},
@@ -83,10 +91,11 @@ def point(
     }
     if mode == "closed":
         p["in_flight_max"] = int(load) if in_flight is None else in_flight
-    return p
+    return SweepPoint.from_json(p)
 
 
 def summarize(records: list[RequestRecord], **kw: Any) -> dict[str, Any]:
+    """The point as the file holds it (its JSON): the contract's keys and numbers."""
     args: dict[str, Any] = {
         "load": {"mode": "closed", "concurrency": 4},
         "window": (0.0, 10.0),
@@ -96,7 +105,11 @@ def summarize(records: list[RequestRecord], **kw: Any) -> dict[str, Any]:
         "flushed": True,
     }
     args.update(kw)
-    return summarize_point(records, **args)
+    args["load"] = load_from_json(args["load"])
+    for block, kind in (("engine", EngineBlock), ("client", ClientBlock)):
+        if isinstance(args.get(block), dict):
+            args[block] = kind.from_json(args[block], block)
+    return summarize_point(records, **args).to_json()
 
 
 # ------------------------------------------------------------------------------------------
@@ -404,14 +417,62 @@ def test_point_counts_attainment_and_goodput() -> None:
         "shed": 2,
         "failed": 1,
         "admitted": 8,
+        "finished_in_window": 7,
     }
     assert p["attainment"] == pytest.approx(0.6)  # shed and failed count as misses
     assert p["admitted_attainment"] == pytest.approx(0.75)  # 6 of the 8 let in
     assert p["goodput_rps"] == pytest.approx(0.6)
     assert p["request_rps"] == pytest.approx(0.7)
-    assert p["output_tok_s"] == pytest.approx(2.3)  # (7 * 3 + 2) / 10 s
+    # tokens that arrived in [0, 10): 7 * 3, and the timeout's first (its second came at 13.3)
+    assert p["output_tok_s"] == pytest.approx(2.2)
     assert p["cached_token_share"] == pytest.approx(1500 / 7000)
     assert p["thin"] is True
+
+
+def waves(users: int = 4, period_s: float = 4.0, tokens: int = 10) -> list[RequestRecord]:
+    """Closed-loop users that start together and move in waves: each sends at 0, 4, 8, 12,
+    16 s (none at 20 s: the window ends), and its 10 tokens arrive 0.3 s + 0.4 s k after."""
+    out = []
+    for u in range(users):
+        for w in range(5):
+            send = w * period_s
+            times = [send + 0.3 + 0.4 * k for k in range(tokens)]
+            out.append(rec(f"u{u}w{w}", send=send, times=times))
+    return out
+
+
+def test_throughput_counts_the_tokens_that_arrive_in_the_window() -> None:
+    """In waves the requests sent in a window do not carry the window's tokens: those of the
+    wave sent at 8 s arrive in it too, and those sent in it end after it."""
+    p = summarize(waves(), window=(10.0, 20.0), slo=SLO(tpot_ms=500.0))
+    # per user: 5 tokens of the 8 s wave (10.3 .. 11.9), 10 of the 12 s and 10 of the 16 s
+    assert p["output_tok_s"] == pytest.approx(4 * 25 / 10.0)
+    # the truth: each user streams 10 tokens every 4 s
+    assert p["output_tok_s"] == pytest.approx(4 * 10 / 4.0)
+    # counted from the window's requests (sent at 12 and 16 s) it would be 4 * 20 / 10 = 8
+    sent = [r for r in waves() if 10.0 <= r.send_time < 20.0]
+    assert sum(r.output_tokens for r in sent) / 10.0 == pytest.approx(8.0)
+    # requests that finished in the window: the 8, 12 and 16 s waves (at 11.9, 15.9, 19.9 s)
+    assert p["requests"]["finished_in_window"] == 12
+    assert p["request_rps"] == pytest.approx(1.2)
+    # latency figures, attainment and goodput stay over the requests sent in the window
+    assert p["requests"]["offered"] == p["requests"]["completed"] == 8
+    assert p["ttft_ms"]["n"] == 8
+    assert p["goodput_rps"] == pytest.approx(0.8)
+
+
+def test_arrivals_in_window_edges() -> None:
+    r = rec("a", send=0.0, times=[9.0, 10.0, 10.5, 20.0])
+    assert arrivals_in_window([r], (10.0, 20.0)) == (2, 0)  # [start, end): 10.0 in, 20.0 out
+    assert arrivals_in_window([r], (0.0, 20.5)) == (4, 1)
+    # a record without token times counts its tokens at its first token
+    bare = rec("b", send=0.0, first=12.0, output_tokens=5)
+    assert arrivals_in_window([bare], (10.0, 20.0)) == (5, 1)
+    assert arrivals_in_window([bare], (13.0, 20.0)) == (0, 0)
+    # a failed request's tokens count as output, never as a finished request
+    failed = rec("c", send=0.0, times=[11.0, 12.0], outcome="timeout")
+    assert arrivals_in_window([failed], (10.0, 20.0)) == (2, 0)
+    assert arrivals_in_window([], (0.0, 1.0)) == (0, 0)
 
 
 def test_point_percentiles_in_ms_with_counts() -> None:
@@ -466,8 +527,7 @@ def test_point_has_every_contract_key() -> None:
 def test_point_blocks_invalidity_and_time_scale_are_recorded() -> None:
     p = summarize(
         mixed_window(),
-        valid=False,
-        invalid_reason="median SM clock 465 MHz under floor 1200",
+        invalid_reasons=["median SM clock 465 MHz under floor 1200"],
         engine={"max_running": 12, "max_queue": 3, "peak_token_usage": 0.93},
         client={"send_lag_ms_p99": 2.5},
         time_scale=10.0,
@@ -486,8 +546,6 @@ def test_point_rejects_inconsistent_arguments() -> None:
         summarize([], load={"mode": "open", "rate_rps": 1.0})  # mode is closed
     with pytest.raises(ValueError):
         summarize([], load={"mode": "closed"})
-    with pytest.raises(ValueError):
-        summarize([], invalid_reason="why")  # valid=True
 
 
 def test_empty_window_gives_zeros() -> None:
@@ -617,13 +675,13 @@ def test_summary_matches_per_request_definitions(
 
 def test_knee_is_highest_load_meeting_with_all_lower_loads() -> None:
     pts = [point(c, a) for c, a in [(1, 1.0), (2, 0.995), (4, 0.99), (8, 0.97), (16, 0.5)]]
-    assert find_knee(pts, "closed", 0.99) == {"meets": 4, "fails": 8}
+    assert find_knee(pts, "closed", 0.99) == Knee(4, 8)
 
 
 def test_knee_dip_at_a_middle_load_stops_it() -> None:
     # 2 fails; 4 and 8 pass again but do not count
     pts = [point(c, a) for c, a in [(8, 1.0), (1, 1.0), (4, 1.0), (2, 0.98)]]
-    assert find_knee(pts, "closed", 0.99) == {"meets": 1, "fails": 2}
+    assert find_knee(pts, "closed", 0.99) == Knee(1, 2)
 
 
 def test_knee_ignores_invalid_points() -> None:
@@ -635,19 +693,13 @@ def test_knee_ignores_invalid_points() -> None:
         point(16, 0.9),
         point(32, 1.0, valid=False),
     ]
-    assert find_knee(pts, "closed", 0.99) == {"meets": 8, "fails": 16}
+    assert find_knee(pts, "closed", 0.99) == Knee(8, 16)
 
 
 def test_knee_without_passing_or_failing_loads() -> None:
-    assert find_knee([point(2, 0.9), point(4, 0.8)], "closed", 0.99) == {
-        "meets": None,
-        "fails": 2,
-    }
-    assert find_knee([point(2, 1.0), point(4, 1.0)], "closed", 0.99) == {
-        "meets": 4,
-        "fails": None,
-    }
-    assert find_knee([], "closed", 0.99) == {"meets": None, "fails": None}
+    assert find_knee([point(2, 0.9), point(4, 0.8)], "closed", 0.99) == Knee(None, 2)
+    assert find_knee([point(2, 1.0), point(4, 1.0)], "closed", 0.99) == Knee(4, None)
+    assert find_knee([], "closed", 0.99) == Knee(None, None)
 
 
 def test_knee_per_mode_and_repeats() -> None:
@@ -658,8 +710,8 @@ def test_knee_per_mode_and_repeats() -> None:
         point(16, 0.1),  # closed: not part of the rate knee
         point(2.0, 0.98, mode="open"),  # a repeat of 2 rps that fails
     ]
-    assert find_knee(pts, "open", 0.99) == {"meets": 1.0, "fails": 2.0}
-    assert find_knee(pts, "closed", 0.99) == {"meets": None, "fails": 16}
+    assert find_knee(pts, "open", 0.99) == Knee(1.0, 2.0)
+    assert find_knee(pts, "closed", 0.99) == Knee(None, 16)
 
 
 @given(
@@ -674,7 +726,7 @@ def test_knee_properties(
     loads = [2**i for i in range(len(attainments))]
     pts = [point(c, a) for c, a in zip(loads, attainments, strict=True)]
     knee = find_knee(pts, "closed", target)
-    meets, fails = knee["meets"], knee["fails"]
+    meets, fails = knee.meets, knee.fails
     if meets is not None:
         assert all(a >= target for c, a in zip(loads, attainments, strict=True) if c <= meets)
     if fails is not None:
@@ -688,16 +740,16 @@ def test_knee_properties(
     i = which % len(improved)
     improved[i] = max(improved[i], better)
     knee2 = find_knee([point(c, a) for c, a in zip(loads, improved, strict=True)], "closed", target)
-    assert (knee2["meets"] or 0) >= (meets or 0)
+    assert (knee2.meets or 0) >= (meets or 0)
     stricter = find_knee(pts, "closed", min(1.0, target + 0.05))
-    assert (stricter["meets"] or 0) <= (meets or 0)
+    assert (stricter.meets or 0) <= (meets or 0)
 
 
 # ------------------------------------------------------------------------------------------
 # cap, peak, document, bisection
 
 
-def grid_points() -> list[dict[str, Any]]:
+def grid_points() -> list[SweepPoint]:
     return [
         point(1, 1.0, tok_s=20.0),
         point(2, 1.0, tok_s=38.0),
@@ -714,12 +766,12 @@ def grid_points() -> list[dict[str, Any]]:
 def test_recommended_cap_reads_in_flight_at_the_knee_minus_margin() -> None:
     pts = grid_points()
     knee = find_knee(pts, "closed", 0.99)
-    assert knee == {"meets": 8, "fails": 16}
+    assert knee == Knee(8, 16)
     assert recommended_cap(pts, knee) == 7  # in flight at meets, not the user count
     assert recommended_cap(pts, knee, 1) == 4  # one grid step down: the point at 4
     assert recommended_cap(pts, knee, 2) == 2
     assert recommended_cap(pts, knee, 10) == 1  # never past the lowest tested load
-    assert recommended_cap(pts, {"meets": None, "fails": 1}) is None
+    assert recommended_cap(pts, Knee(None, 1)) is None
     with pytest.raises(ValueError):
         recommended_cap(pts, knee, -1)
 
@@ -727,7 +779,7 @@ def test_recommended_cap_reads_in_flight_at_the_knee_minus_margin() -> None:
 def test_recommended_cap_steps_skip_invalid_points_and_never_go_below_one() -> None:
     pts = [point(1, 1.0, in_flight=0), point(2, 1.0), point(4, 0.1, valid=False), point(8, 1.0)]
     knee = find_knee(pts, "closed", 0.99)
-    assert knee == {"meets": 8, "fails": None}
+    assert knee == Knee(8, None)
     assert recommended_cap(pts, knee, 1) == 2  # 4 was invalid: one step down from 8 is 2
     assert recommended_cap(pts, knee, 2) == 1  # in_flight_max 0 reads as 1
 
@@ -735,10 +787,11 @@ def test_recommended_cap_steps_skip_invalid_points_and_never_go_below_one() -> N
 def test_throughput_peak_over_valid_closed_points() -> None:
     pts = grid_points()
     # 64 is invalid and 6 rps is open loop: the closed peak is 16 users, beyond the knee
-    assert throughput_peak(pts) == {"load": 16, "output_tok_s": 180.0, "mode": "closed"}
-    only_open = [p for p in pts if p["load"]["mode"] == "open"]
-    assert throughput_peak(only_open) == {"load": 6.0, "output_tok_s": 200.0, "mode": "open"}
-    assert throughput_peak([])["load"] is None
+    assert throughput_peak(pts).to_json() == {"load": 16, "output_tok_s": 180.0, "mode": "closed"}
+    only_open = [p for p in pts if p.load.mode == "open"]
+    assert throughput_peak(only_open).to_json() == {"load": 6.0, "output_tok_s": 200.0,
+                                                    "mode": "open"}
+    assert throughput_peak([]).load is None
 
 
 def test_sweep_document() -> None:
@@ -749,7 +802,7 @@ def test_sweep_document() -> None:
         SLO(),
         pts,
         1,
-    )
+    ).to_json()
     assert doc["schema"] == "chatfleet.sweep/1"
     assert doc["slo"] == SLO().to_json()
     assert doc["knee"] == {"meets": 8, "fails": 16}
@@ -763,20 +816,20 @@ def test_sweep_document() -> None:
 
 
 def test_bisect_next_closed() -> None:
-    assert bisect_next({"meets": 8, "fails": 16}, [1, 2, 4, 8, 16], "closed") == 12
-    assert bisect_next({"meets": 4, "fails": 8}, [4, 6, 8], "closed") == 5  # 6 tested (invalid)
-    assert bisect_next({"meets": 4, "fails": 5}, [4, 5], "closed") is None  # one user wide
-    assert bisect_next({"meets": None, "fails": 4}, [4], "closed") == 2
-    assert bisect_next({"meets": None, "fails": 1}, [1], "closed") is None
-    assert bisect_next({"meets": 8, "fails": None}, [8], "closed") is None
+    assert bisect_next(Knee(8, 16), [1, 2, 4, 8, 16], "closed") == 12
+    assert bisect_next(Knee(4, 8), [4, 6, 8], "closed") == 5  # 6 tested (invalid)
+    assert bisect_next(Knee(4, 5), [4, 5], "closed") is None  # one user wide
+    assert bisect_next(Knee(None, 4), [4], "closed") == 2
+    assert bisect_next(Knee(None, 1), [1], "closed") is None
+    assert bisect_next(Knee(8, None), [8], "closed") is None
 
 
 def test_bisect_next_open() -> None:
-    assert bisect_next({"meets": 1.0, "fails": 2.0}, [1.0, 2.0], "open") == pytest.approx(1.5)
-    assert bisect_next({"meets": 2.0, "fails": 2.2}, [2.0, 2.2], "open") is None  # 10%
-    assert bisect_next({"meets": 2.0, "fails": 2.3}, [2.0, 2.3], "open") == pytest.approx(2.15)
-    assert bisect_next({"meets": 1.0, "fails": 2.0}, [1.0, 1.5, 2.0], "open") == pytest.approx(1.25)
-    assert bisect_next({"meets": None, "fails": 2.0}, [2.0], "open") is None
+    assert bisect_next(Knee(1.0, 2.0), [1.0, 2.0], "open") == pytest.approx(1.5)
+    assert bisect_next(Knee(2.0, 2.2), [2.0, 2.2], "open") is None  # 10%
+    assert bisect_next(Knee(2.0, 2.3), [2.0, 2.3], "open") == pytest.approx(2.15)
+    assert bisect_next(Knee(1.0, 2.0), [1.0, 1.5, 2.0], "open") == pytest.approx(1.25)
+    assert bisect_next(Knee(None, 2.0), [2.0], "open") is None
 
 
 def test_bisection_converges_on_a_step_knee() -> None:
@@ -789,4 +842,4 @@ def test_bisection_converges_on_a_step_knee() -> None:
         if nxt is None:
             break
         tested.append(int(nxt))
-    assert knee == {"meets": 11, "fails": 12}
+    assert knee == Knee(11, 12)

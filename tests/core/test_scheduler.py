@@ -196,8 +196,9 @@ def test_new_token_ratio_decay_floor_and_reset() -> None:
 
 
 def budget_after(k: int) -> float:
-    """DESIGN.md's admission budget for B after k decode steps of A (pool 4100, A: 10-token
-    prompt, max_new 4000): free = 4100 - 10 - k, reserved = (4000 - (1 + k)) x ratio_k."""
+    """SGLang's admission budget (docs/facts.md#sglang-scheduling) for B after k decode steps of A
+    (pool 4100, A: 10-token prompt, max_new 4000): free = 4100 - 10 - k, reserved =
+    (4000 - (1 + k)) x ratio_k."""
     decay = (Fraction(7, 10) - Fraction(98, 1000)) / 600
     ratio = max(Fraction(98, 1000), Fraction(7, 10) - k * decay)
     return float(4100 - 10 - k - (4000 - 1 - k) * ratio)

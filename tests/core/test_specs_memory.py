@@ -1,4 +1,4 @@
-"""Specs and KV pool sizing: expected values are DESIGN.md's facts or worked out by hand."""
+"""Specs and KV pool sizing: expected values are docs/facts.md's facts or worked out by hand."""
 
 from __future__ import annotations
 
@@ -143,7 +143,8 @@ def test_mixed_precisions_follow_the_same_rule() -> None:
     p_m = mixed.free_gib * mixed.mem_fraction_static
     w_fp8 = QWEN.weight_bytes("fp8") / GIB
     assert mixed.kv_pool_tokens == math.floor((p_m - w_fp8) * GIB / 147_456)
-    # by hand from DESIGN's rounded figures: (18.565 - 8.789) GiB / 147,456 B = 71,188
+    # by hand from the rounded figures of docs/facts.md#sglang-kv-pool-sizing:
+    # (18.565 - 8.789) GiB / 147,456 B = 71,188
     assert mixed.kv_pool_tokens == pytest.approx((18.565 - 8.789) * GIB / 147_456, rel=1e-3)
     assert bf16.kv_pool_tokens < mixed.kv_pool_tokens < fp8.kv_pool_tokens
     # the other mix: BF16 weights with an FP8 KV cache

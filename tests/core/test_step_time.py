@@ -1,6 +1,7 @@
-"""Step-time model and its L4 calibration, checked against DESIGN.md's concurrency-1 points.
+"""Step-time model and its L4 calibration, checked against the concurrency-1 points of
+docs/facts.md#l4-calibration-points.
 
-Hand figures used below (Qwen3-8B, DESIGN.md):
+Hand figures used below (Qwen3-8B, docs/facts.md#qwen3-8b):
 - streamed BF16 weights = all weights but the input embedding table
   = 2 x 8,190,735,360 - 2 x 151,936 x 4,096 = 15,136,811,008 bytes
 - linear parameters = 6,946,075,648 - norms (36 x (2 x 4,096 + 2 x 128) + 4,096)
@@ -38,7 +39,7 @@ LM_HEAD = 622_329_856
 ATTN_PER_PAIR = 589_824
 KV_BF16 = 147_456
 
-# DESIGN.md: 512 in, 128 out at concurrency 1
+# docs/facts.md#l4-calibration-points: 512 in, 128 out at concurrency 1
 BF16_TOK_S, BF16_TTFT = 13.42, 0.18916
 FP8_TOK_S, FP8_TTFT = 24.53, 0.14072
 BF16_ITL = (128 / BF16_TOK_S - BF16_TTFT) / 127  # 0.0736129 s
@@ -240,3 +241,11 @@ def test_recompute_chunks_like_the_scheduler() -> None:
                 + BF16.prefill_s(904, attention_pairs(4096, 904), 4096, 1))
     assert BF16.recompute_s(5000) == pytest.approx(expected, rel=1e-12)
     assert BF16.recompute_s(0) == 0
+
+
+def test_recompute_after_a_cached_prefix_reads_it_and_attends_over_it() -> None:
+    # 3000 new tokens after 1000 cached: chunks of 2048 + 952 starting at 1000
+    expected = (BF16.prefill_s(2048, attention_pairs(1000, 2048), 1000, 0)
+                + BF16.prefill_s(952, attention_pairs(3048, 952), 3048, 1))
+    assert BF16.recompute_s(3000, cached=1000) == pytest.approx(expected, rel=1e-12)
+    assert BF16.recompute_s(3000, cached=1000) > BF16.recompute_s(3000)

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from chatfleet.core.documents.sweep import ClosedLoad, OpenLoad
 from chatfleet.core.workload import (
     ClosedLoop,
+    GroupDraw,
     LengthSpec,
     OpenLoop,
     RequestSpec,
@@ -120,6 +122,58 @@ def test_prompt_groups_round_robin_and_shared_system_segment() -> None:
     assert specs[0].prompt_ids()[64:] != specs[3].prompt_ids()[64:]
 
 
+def groups_by_session(draw: GroupDraw, groups: int, users: int = 16, order_seed: int | None = None,
+                      rounds: int = 20, turns: int = 1, seed: int = 9) -> dict[str, list[int]]:
+    """Each session's group per turn, over `rounds` completions of every user; `order_seed`
+    shuffles the order in which the users' requests complete (a live run's)."""
+    cfg = WorkloadConfig(system_prompt_tokens=32, prompt_groups=groups,
+                         group_draw=draw,
+                         lengths=LengthSpec("uniform", 50, 20, 0.5), turns=turns)
+    loop = ClosedLoop(Workload(cfg, random.Random(seed)), users)
+    specs = {s.user: s for s in loop.start()}
+    seen: dict[str, list[int]] = {s.session_id: [s.group] for s in specs.values()}
+    order = random.Random(order_seed)
+    for _ in range(rounds):
+        users_done = list(range(users))
+        if order_seed is not None:
+            order.shuffle(users_done)
+        for u in users_done:
+            nxt = loop.on_done(specs[u], 0.0)
+            assert nxt.segments[0] == (nxt.group + 1, 32)  # the group's shared prompt first
+            seen.setdefault(nxt.session_id, []).append(nxt.group)
+            specs[u] = nxt
+    return seen
+
+
+def distinct_groups(seen: dict[str, list[int]]) -> set[int]:
+    return {g for gs in seen.values() for g in gs}
+
+
+@pytest.mark.parametrize("groups", [16, 32, 64])
+def test_a_request_draw_reaches_groups_that_users_never_pinned(groups: int) -> None:
+    by_user = groups_by_session("user", groups)
+    by_request = groups_by_session("request", groups, rounds=100)
+    assert len(distinct_groups(by_user)) == 16  # 16 users: 16 groups, however many exist
+    for sid, gs in by_user.items():  # every session of user u: group u mod G
+        user = int(sid[1:].split(".")[0]) - 1
+        assert set(gs) == {user % groups}
+    # 1,616 sessions drawn uniformly over G: every group is used, none far above its share
+    assert distinct_groups(by_request) == set(range(groups))
+    counts = [sum(gs.count(g) for gs in by_request.values()) for g in range(groups)]
+    assert max(counts) < 2.5 * 1616 / groups
+
+
+def test_a_request_draw_does_not_depend_on_the_order_others_finish() -> None:
+    draws: tuple[GroupDraw, ...] = ("user", "request")
+    for draw in draws:
+        twin_like = groups_by_session(draw, 32, users=6, turns=2)
+        live_like = groups_by_session(draw, 32, users=6, turns=2, order_seed=3)
+        assert twin_like == live_like, draw
+    by_request = groups_by_session("request", 32, users=6, turns=2)
+    assert all(len(set(gs)) == 1 for gs in by_request.values())  # a session keeps its group
+    assert by_request != groups_by_session("request", 32, users=6, turns=2, seed=10)
+
+
 def test_no_system_prompt() -> None:
     wl = workload(system_prompt_tokens=0, lengths=LengthSpec("fixed", 30, 10))
     spec = ClosedLoop(wl, 1).start()[0]
@@ -161,6 +215,17 @@ def test_segment_tokens_are_vocabulary_ids_distinct_per_segment() -> None:
     firsts = [segment_tokens([(s, 1)])[0] for s in range(1, 5000)]
     assert len(set(firsts)) == len(firsts)  # no two segments share a first token
     assert all(0 <= t < v for t in segment_tokens([(123456, 4000)]))
+
+
+
+@pytest.mark.parametrize("n", [1, 2048, (1 << 16), (1 << 16) + 7])
+def test_segment_tokens_follow_the_formula_at_any_length(n: int) -> None:
+    """(sid x 7919 + j x 104729) mod 151643, for segments within the precomputed positions
+    and beyond them, and again when the segment is seen a second time (memoised)."""
+    for sid in (1, 9_999_991):
+        want = [(sid * 7919 + j * 104729) % 151643 for j in range(n)]
+        assert list(segment_tokens([(sid, n)])) == want
+        assert list(segment_tokens([(sid, n), (sid, n)])) == want + want
 
 
 # ------------------------------------------------------------------------------------------
@@ -271,6 +336,7 @@ def test_bad_lengths(kwargs: dict[str, Any]) -> None:
     "kwargs",
     [
         {"prompt_groups": 0},
+        {"group_draw": "random"},
         {"turns": 0},
         {"think_time_s": -1.0},
         {"ramp_up_s": -1.0},
@@ -330,8 +396,8 @@ def test_an_open_loop_can_follow_a_trace_of_arrival_times() -> None:
 
 def test_driver_for_reads_the_load_point() -> None:
     wl = Workload(WorkloadConfig(), random.Random(1))
-    closed_loop = driver_for({"mode": "closed", "concurrency": 3}, wl)
+    closed_loop = driver_for(ClosedLoad(3), wl)
     assert isinstance(closed_loop, ClosedLoop) and closed_loop.users == 3
-    open_loop = driver_for({"mode": "open", "rate_rps": 2.0, "burstiness": 0.5}, wl, [1.0])
+    open_loop = driver_for(OpenLoad(2.0, burstiness=0.5), wl, [1.0])
     assert isinstance(open_loop, OpenLoop)
     assert (open_loop.rate, open_loop.burstiness, open_loop.arrival_times) == (2.0, 0.5, [1.0])

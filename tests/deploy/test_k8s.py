@@ -129,9 +129,12 @@ def test_one_service_per_replica_and_the_gateway_config_points_at_them(example: 
     gw = objs[("Deployment", "chatfleet-gateway")]
     assert gw["spec"]["replicas"] == 2
     [c] = gw["spec"]["template"]["spec"]["containers"]
+    # the gateways know how many share Redis (their fallback share is cap // 2), and a rollout
+    # never runs a third beside them
     assert c["command"] == ["chatfleet", "gateway", "--config", "/etc/chatfleet/gateway.yaml",
-                            "--state", "redis://redis:6379/0", "--host", "0.0.0.0",
-                            "--port", "8080"]
+                            "--state", "redis://redis:6379/0", "--gateways", "2",
+                            "--host", "0.0.0.0", "--port", "8080"]
+    assert gw["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/health"
     assert ("Service", "redis") in objs and ("Service", "chatfleet-gateway") in objs
@@ -229,6 +232,37 @@ def test_bad_input_exits_2_with_a_message(tmp_path: Path, args: list[str],
     assert "Traceback" not in res.output
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\x7fELF\x02\x01\x01\x00\xd0\x9f\xff", "not UTF-8 text"),
+    (b"launch: [python]\n", "is not valid JSON"),
+    (b"[1, 2, 3]", "the top level must be an object"),
+    (b'{"schema": "chatfleet.sweep/1", "points": []}', "missing launch.sglang.argv"),
+])
+def test_a_plan_file_that_is_not_a_plan_is_one_line(tmp_path: Path, content: bytes,
+                                                    message: str) -> None:
+    """A binary, non-JSON or wrong-schema --plan file is one line and exit 2 (a binary one
+    was a UnicodeDecodeError traceback), and nothing is written."""
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(content)
+    res = CliRunner().invoke(app, ["deploy", "k8s", "--plan", str(plan), "--out",
+                                   str(tmp_path / "out")])
+    assert res.exit_code == 2, (res.output, res.exception)
+    text = " ".join(res.output.split())
+    assert text.count("error:") == 1 and message in text, text
+    assert "Traceback" not in res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_writing(tmp_path: Path) -> None:
+    target = tmp_path / "taken"
+    target.write_text("keep me")
+    res = CliRunner().invoke(app, ["deploy", "k8s", "--cap", "8", "--weights", "fp8",
+                                   "--kv-cache", "fp8", "--out", str(target)])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "is a file, not a folder" in " ".join(res.output.split())
+    assert target.read_text() == "keep me"
+
+
 def test_plan_and_flags_together_are_refused(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(PLAN))
@@ -247,7 +281,8 @@ def gateway_metric_names() -> set[str]:
     m.ejections["r"] += 1
     m.ttft.observe(0.1)
     m.itl.observe(0.01)
-    gauges = Gauges(queue_depth=1, in_flight={"r": 1}, caps={"r": 4}, healthy={"r": True},
+    gauges = Gauges(queue_depth=1, in_flight={"r": 1}, caps={"r": 4}, shares={"r": 4},
+                    healthy={"r": True},
                     sessions=1, routes={"hit": 1}, state_up=1, others={"r": 0})
     text = exposition(registry(m, lambda: gauges)).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines()

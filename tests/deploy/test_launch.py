@@ -193,6 +193,24 @@ def test_bad_options_exit_2_with_one_clear_line(args: list[str], message: str) -
     assert "Traceback" not in res.output
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--cap-from", "{tmp}/binary.dat"], "not UTF-8 text"),
+    (["--config", "{tmp}/binary.dat"], "not UTF-8 text"),
+    (["--log-dir", "{tmp}/binary.dat"], "is a file, not a folder"),
+    (["--host", "no-such-host.invalid"], "--host 'no-such-host.invalid' is not an address"),
+])
+def test_unusable_files_and_hosts_exit_2_with_one_line_before_anything_starts(
+        tmp_path: Path, args: list[str], message: str) -> None:
+    """Each was a traceback (UnicodeDecodeError, FileExistsError, socket.gaierror)."""
+    (tmp_path / "binary.dat").write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\x9f\xff")
+    res = CliRunner().invoke(app, ["launch", "--redis", "none", *FAST,
+                                   *[a.replace("{tmp}", str(tmp_path)) for a in args]])
+    assert res.exit_code == 2, (res.output, res.exception)
+    text = " ".join(res.output.split())
+    assert text.count("error:") == 1 and message in text, text
+    assert "Traceback" not in res.output and "stopped" not in text
+
+
 def test_many_gateways_without_redis_server_is_a_clear_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server on it

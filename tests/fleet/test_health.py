@@ -33,3 +33,16 @@ def test_thresholds_must_be_positive() -> None:
         ReplicaHealth(eject_after_failures=0)
     with pytest.raises(ValueError):
         ReplicaHealth(readmit_after_successes=0)
+
+
+def test_a_pending_replica_is_serving_only_after_its_first_probe_success() -> None:
+    h = ReplicaHealth(eject_after_failures=1, readmit_after_successes=3, pending=True)
+    assert not h.serving and not h.ejected
+    # not up yet: failures count nothing (it was never in, so it cannot be ejected)
+    assert h.failure() is None and h.failure() is None
+    assert h.pending and h.num_ejections == 0
+    # one success is enough: readmit_after_successes is for bringing an ejected one back
+    assert h.success() == "ready"
+    assert h.serving and not h.pending
+    assert h.success() is None
+    assert h.failure() == "ejected" and not h.serving

@@ -14,6 +14,8 @@ from chatfleet.core.calibration import step_constants
 from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.fleet.admission import AdmissionController, FleetRequest
 from chatfleet.core.fleet.routing import (
+    MAX_SESSION_VALUE_BYTES,
+    ORDER_MEMO_ENTRIES,
     Router,
     conversation_fingerprint,
     is_returning,
@@ -23,14 +25,14 @@ from chatfleet.core.fleet.routing import (
     rendezvous_weight,
     session_key,
 )
-from chatfleet.core.fleet.session import SessionTable
+from chatfleet.core.fleet.session import SessionTable, entry_bytes
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 
 QWEN = builtin_model("qwen3-8b")
 L4 = get_gpu("l4")
 BF16 = precision("bf16", "bf16")
 L4_BF16 = StepTimeModel(QWEN, L4, BF16, step_constants(L4, QWEN, BF16))
-SHARED = 2048  # DESIGN.md: every request starts with the same 2,048-token system prompt
+SHARED = 2048  # docs/facts.md#the-reference-case: every request starts with the same 2,048 tokens
 
 
 @dataclass
@@ -189,6 +191,21 @@ def test_a_hot_home_spills_a_new_session_to_the_next_in_its_order() -> None:
     assert choice.rule == "spill" and choice.home == order[0]
     assert choice.replica == order[2]  # order[1] is hot too
     assert choice.recompute_s == 0.0
+
+
+def test_the_router_remembers_an_order_only_for_the_fleet_it_was_drawn_for() -> None:
+    router = Router(L4_BF16)
+    fleet = ["a", "b", "c", "d"]
+    assert router.rendezvous_order("s1", fleet) == rendezvous_order("s1", fleet)
+    home = rendezvous_top("s1", fleet)
+    rest = [r for r in fleet if r != home]
+    assert router.rendezvous_order("s1", rest) == rendezvous_order("s1", rest)
+    view = View(dict.fromkeys(rest, 2))
+    assert router.choose(session("s1"), view, 0.0).replica == rendezvous_top("s1", rest)
+    for i in range(ORDER_MEMO_ENTRIES + 10):  # bounded: the oldest keys are forgotten
+        router.rendezvous_order(f"k{i}", fleet)
+    assert len(router._orders) == ORDER_MEMO_ENTRIES
+    assert router.rendezvous_order("s1", fleet) == rendezvous_order("s1", fleet)
 
 
 def test_a_home_with_room_keeps_its_session() -> None:
@@ -394,3 +411,43 @@ def test_sessions_through_admission_keep_caps_and_end_once(
     assert ac.queue_depth() == 0
     assert ended == {f"q{i}" for i in range(1, offered + 1)}
     assert ac.num_admitted + sum(ac.num_shed.values()) == offered
+
+
+def test_a_long_session_value_becomes_a_short_stable_key() -> None:
+    """A client chooses its session value: whatever its size, the key is at most 133 bytes,
+    the same on every turn, and different for different values."""
+    short = "s" * MAX_SESSION_VALUE_BYTES
+    assert session_key({"X-Session-ID": short}, {}) == "sid:" + short  # kept as it is
+    huge = "u" * 1_000_000
+    key = session_key({}, {**CHAT, "user": huge})
+    assert key is not None and key.startswith("user#") and len(key) == 37
+    assert session_key({}, {**CHAT, "user": huge}) == key
+    assert session_key({}, {**CHAT, "user": huge[:-1] + "v"}) != key
+    over = "s" * (MAX_SESSION_VALUE_BYTES + 1)
+    hashed = session_key({"X-Session-ID": over}, {})
+    assert hashed is not None and hashed.startswith("sid#")
+    # a client cannot forge another's hashed key: its own value lands under "sid:"
+    assert session_key({"X-Session-ID": hashed[4:]}, {}) == "sid:" + hashed[4:]
+    # bytes, not characters: 43 four-byte characters are 172 bytes
+    wide = session_key({"X-Session-ID": "😀" * 43}, {})
+    assert wide is not None and wide.startswith("sid#")
+    for value in (short, huge, over, "😀" * 1000):
+        k = session_key({"X-Session-ID": value}, {})
+        assert k is not None and len(k.encode()) <= 4 + MAX_SESSION_VALUE_BYTES
+
+
+def test_session_table_is_bounded_in_bytes() -> None:
+    table = SessionTable(max_bytes=10 * entry_bytes("k" * 100))
+    for i in range(50):
+        table.place(f"{i:0100d}", "r", float(i))
+    assert len(table) == 10 and table.num_evicted == 40
+    assert table.num_bytes == sum(entry_bytes(f"{i:0100d}") for i in range(40, 50))
+    assert table.get(f"{39:0100d}", 50.0) is None and table.get(f"{49:0100d}", 50.0)
+    # short keys: more of them fit in the same bytes
+    for i in range(50):
+        table.place(f"s{i}", "r", 100.0 + i)
+    assert len(table) > 10 and table.num_bytes <= table.max_bytes  # type: ignore[operator]
+    table.expire(10_000.0)
+    assert len(table) == 0 and table.num_bytes == 0
+    with pytest.raises(ValueError, match="max_bytes"):
+        SessionTable(max_bytes=10)

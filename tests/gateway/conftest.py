@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,10 @@ class Fake:
     """One fake replica. A request's body may carry `"fake": {...}`: chunks (int), gap_s,
     die_after (chunks, then the connection is cut), pad (characters added to each chunk),
     status (answer that status with a body holding a secret), head_delay_s. `mode` = "ok" |
-    "fail" (503 to everything, /health included) applies to the whole replica."""
+    "fail" (503 to everything, /health included) | "error" (500 to every generation request
+    before a byte, /health 200) applies to the whole replica. `probed_at` and `requests_at`
+    (time.monotonic) record when it answered /health 200 and when requests reached it;
+    `stop()` closes its port (connections are refused from then on)."""
 
     name: str
     url: str = ""
@@ -50,11 +54,22 @@ class Fake:
     aborted: int = 0
     prompt_tokens: int = 100
     loop: asyncio.AbstractEventLoop | None = None
+    runner: web.AppRunner | None = None
+    probed_at: list[float] = field(default_factory=list)
+    requests_at: list[float] = field(default_factory=list)
+
+    def stop(self) -> None:
+        runner, self.runner = self.runner, None
+        if runner is not None and self.loop is not None:
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), self.loop).result(30)
 
     def app(self) -> web.Application:
         async def generate(request: web.Request) -> web.StreamResponse:
+            self.requests_at.append(time.monotonic())
             if self.mode == "fail":
                 return web.Response(status=503, text="SECRET-upstream-detail")
+            if self.mode == "error":
+                return web.Response(status=500, text="SECRET-upstream-detail")
             body = await request.json()
             self.bodies.append(body)
             spec = body.get("fake") or {}
@@ -103,6 +118,7 @@ class Fake:
         async def health(request: web.Request) -> web.Response:
             if self.mode == "fail":
                 return web.Response(status=503)
+            self.probed_at.append(time.monotonic())
             return web.json_response({"status": "ok"})
 
         async def models(request: web.Request) -> web.Response:
@@ -137,23 +153,31 @@ def raw_connection(url: str, request: bytes, *, timeout: float | None = 10,
         yield s
 
 
+def free_port() -> int:
+    """A port nothing listens on (connections to it are refused until a server takes it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
 @contextlib.contextmanager
-def fake_replicas(n: int) -> Iterator[list[Fake]]:
-    """n fake replicas on one loop in one thread."""
+def fake_replicas(n: int, ports: list[int] | None = None) -> Iterator[list[Fake]]:
+    """n fake replicas on one loop in one thread (on `ports`, or any free ones)."""
     loop = asyncio.new_event_loop()
     fakes = [Fake(f"f{i}", loop=loop) for i in range(n)]
-    runners: list[web.AppRunner] = []
     ready = threading.Event()
 
     async def boot() -> None:
-        for f in fakes:
+        for i, f in enumerate(fakes):
             runner = web.AppRunner(f.app(), handler_cancellation=True, access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
+            site = web.TCPSite(runner, "127.0.0.1", ports[i] if ports else 0,
+                               reuse_address=True)
             await site.start()
             port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             f.url = f"http://127.0.0.1:{port}"
-            runners.append(runner)
+            f.runner = runner
         ready.set()
 
     def main() -> None:
@@ -169,8 +193,10 @@ def fake_replicas(n: int) -> Iterator[list[Fake]]:
         yield fakes
     finally:
         async def stop() -> None:
-            for r in runners:
-                await r.cleanup()
+            for f in fakes:
+                runner, f.runner = f.runner, None
+                if runner is not None:
+                    await runner.cleanup()
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)

@@ -111,7 +111,7 @@ def test_keys_limits_and_admin(fakes2: list[Fake], tmp_path: Path) -> None:
         assert chat(g.url, headers=auth(BOB)).status_code == 200
         # alice may have one request at a time
         t = in_background(g.url, {"chunks": 40, "gap_s": 0.02},
-                          lambda: g.gateway.key_in_flight["alice"] == 1, auth(ALICE))
+                          lambda: g.gateway.fleet.ac.key_count("alice") == 1, auth(ALICE))
         r = chat(g.url, headers=auth(ALICE))
         assert r.status_code == 429 and r.json()["error"]["code"] == "key_limit"
         assert "Retry-After" in r.headers
@@ -226,13 +226,15 @@ def test_own_mode_puts_the_shared_prompt_first_byte_identical(fakes2: list[Fake]
 
 
 def test_pass_through_flags_a_per_request_timestamp(fakes2: list[Fake]) -> None:
-    cfg = gateway_config([fakes2[0].url], names=["f0"], shared_prompt={
+    """With debug_headers on (off, the header would be an oracle on the shared prompt:
+    test_hostile_clients.py); the metric counts either way."""
+    cfg = gateway_config([fakes2[0].url], names=["f0"], debug_headers=True, shared_prompt={
         "mode": "pass-through", "system": "You are the product."})
     with gateway(cfg) as g:
         ok = chat(g.url, {"chunks": 1}, messages=[
             {"role": "system", "content": "You are the product."},
             {"role": "user", "content": "q"}])
-        assert "x-chatfleet-prefix" not in ok.headers
+        assert ok.headers["x-chatfleet-prefix"] == "match"
         bad = chat(g.url, {"chunks": 1}, messages=[
             {"role": "system", "content": "You are the product. Now: 2026-11-30T18:00:01"},
             {"role": "user", "content": "q"}])

@@ -3,6 +3,7 @@ hot reload on SIGHUP, and a clean stop on SIGINT."""
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
+from tests.gateway.conftest import Fake
 from tests.gateway.test_relay import wait_for
 from tests.processes import spawn, stop
 from tests.simserver.test_cli_simserver import read_urls
@@ -76,3 +78,32 @@ def test_the_gateway_process_serves_reloads_and_stops(tmp_path: Path) -> None:
         if gw is not None:
             stop(gw)
         assert stop(sim, 20) == 0
+
+
+def test_the_log_has_timestamps_and_a_line_per_ejection_and_readmission(
+        fakes2: list[Fake], tmp_path: Path) -> None:
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "replicas": [{"name": "a", "url": fakes2[0].url}, {"name": "b", "url": fakes2[1].url}],
+        "health": {"probe_interval_s": 0.2, "eject_after_failures": 2,
+                   "readmit_after_successes": 2}}))
+    log = tmp_path / "gateway.log"
+    gw = spawn("gateway", "--config", str(cfg), "--port", "0", log=log)
+    try:
+        [url] = read_urls(gw, 1, 30)
+        fakes2[1].mode = "fail"  # /health answers 503
+        assert wait_for(lambda: "ejected" in log.read_text(), 10)
+        fakes2[1].mode = "ok"
+        assert wait_for(lambda: "readmitted" in log.read_text(), 10)
+        assert requests.get(url + "/health", timeout=5).status_code == 200
+    finally:
+        stop(gw)
+    lines = [line for line in log.read_text().splitlines() if "replica b" in line]
+    ejected = [line for line in lines if "ejected" in line]
+    readmitted = [line for line in lines if "readmitted" in line]
+    assert len(ejected) == 1 and len(readmitted) == 1, lines
+    assert "2 consecutive failures" in ejected[0] and "HTTP 503" in ejected[0], ejected
+    assert "2 successful probes" in readmitted[0], readmitted
+    stamp = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d{4} (INFO|WARNING|ERROR) ")
+    logged = [line for line in log.read_text().splitlines() if "chatfleet.gateway" in line]
+    assert logged and all(stamp.match(line) for line in logged), logged

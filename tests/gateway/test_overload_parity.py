@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from chatfleet.core.documents.sweep import ClosedLoad, OpenLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
-from chatfleet.parity import run_fleet_parity
+from chatfleet.jobs.parity import run_fleet_parity
 from chatfleet.twin.fleet import FleetConfig
 
 SPEC = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
@@ -40,7 +41,7 @@ FLEET = FleetConfig(replicas=2, cap=4, queue_depth=4, ttft_budget_s=1.0, prefill
 @pytest.mark.timeout(240)
 def test_three_times_the_cap_holds_the_cap_and_the_admitted_target(tmp_path: Path) -> None:
     users = 3 * FLEET.replicas * FLEET.cap
-    res = run_fleet_parity(SPEC, WCFG, {"mode": "closed", "concurrency": users}, FLEET,
+    res = run_fleet_parity(SPEC, WCFG, ClosedLoad(users), FLEET,
                            duration_s=25.0, warmup_s=3.0, seed=7, trace=tmp_path / "t.jsonl")
     # the cap, as the replicas themselves saw it (running + waiting in each engine)
     assert set(res.max_in_flight) == {"replica-0", "replica-1"}
@@ -56,15 +57,15 @@ def test_three_times_the_cap_holds_the_cap_and_the_admitted_target(tmp_path: Pat
     # shed users came back after their Retry-After as new attempts
     assert any("#" in r.request_id and r.outcome == "ok" for r in res.drive.records)
     point = res.live_point
-    assert point["requests"]["admitted"] >= 50
-    assert point["admitted_attainment"] >= 0.99, point["requests"]
-    assert point["attainment"] < 0.99  # the shed ones are misses: the fleet is overloaded
+    assert point.requests.admitted >= 50
+    assert point.admitted_attainment >= 0.99, point.requests
+    assert point.attainment < 0.99  # the shed ones are misses: the fleet is overloaded
     # every live decision is the core's: the gateway's calls, replayed in virtual time
     assert res.replay_agreement == 1.0
     # the twin, run on the same workload, predicts the same kind of run (the per-request
     # decisions of an overloaded fleet flip with a millisecond: see the parity test below)
-    assert res.twin_point["fleet"]["max_in_flight"] == [FLEET.cap, FLEET.cap]
-    assert res.twin_point["admitted_attainment"] >= 0.99
+    assert res.twin_point.fleet.max_in_flight == (FLEET.cap, FLEET.cap)
+    assert res.twin_point.admitted_attainment >= 0.99
 
 
 # the parity trace: bursts of sessions, each burst meeting an idle fleet (see the test)
@@ -121,7 +122,7 @@ def test_the_same_trace_gets_the_same_replicas_and_decisions(tmp_path: Path) -> 
     duration = NUM_BURSTS * BURST_PERIOD_S
     starts = [2.0 + b * BURST_PERIOD_S for b in range(NUM_BURSTS)]
     times = [t + i * SESSION_GAP_S for t in starts for i in range(SESSIONS_PER_BURST)]
-    res = run_fleet_parity(SPEC, wcfg, {"mode": "open", "rate_rps": len(times) / duration},
+    res = run_fleet_parity(SPEC, wcfg, OpenLoad(len(times) / duration),
                            FLEET, duration_s=duration, warmup_s=2.0, seed=1,
                            trace=tmp_path / "t.jsonl", arrival_times=times)
     # the trace's margins, in the twin (deterministic): what lets the live run agree

@@ -27,7 +27,7 @@ from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import find_knee
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
-from chatfleet.parity import ParityResult, run_parity
+from chatfleet.jobs.parity import ParityResult, run_parity
 
 # fastest first; the next one only when the host did not keep up with the one before
 TIME_SCALES = (10.0, 2.0)
@@ -56,17 +56,17 @@ def test_a_64_user_closed_loop_matches_the_twin(tmp_path: Path) -> None:
     res = parity_run(spec, WorkloadConfig(), 64, duration_s=60.0, warmup_s=10.0, seed=5,
                      trace=tmp_path / "trace.jsonl")
     assert res.host_kept_up(), host(res)  # else the figures below measure the machine
-    twin_engine = res.twin["engine"]
+    twin_engine = res.twin.engine
     # the pool fills and requests queue, exactly as in the twin
-    assert res.live_engine["max_running"] == twin_engine["max_running"]
-    assert abs(res.live_engine["max_queue"] - twin_engine["max_queue"]) <= 1
-    assert res.live_engine["peak_token_usage"] == pytest.approx(
-        twin_engine["peak_token_usage"], abs=0.01)
+    assert res.live_engine.max_running == twin_engine.max_running
+    assert abs(res.live_engine.max_queue - twin_engine.max_queue) <= 1
+    assert res.live_engine.peak_token_usage == pytest.approx(
+        twin_engine.peak_token_usage, abs=0.01)
     # the client's figures, in model time, agree within the wall clock's noise
-    assert res.live["output_tok_s"] == pytest.approx(res.twin["output_tok_s"], rel=0.05)
-    assert res.live["ttft_ms"]["p50"] == pytest.approx(res.twin["ttft_ms"]["p50"], rel=0.05)
-    assert res.live["tpot_ms"]["p50"] == pytest.approx(res.twin["tpot_ms"]["p50"], rel=0.02)
-    assert res.live["attainment"] == pytest.approx(res.twin["attainment"], abs=0.05)
+    assert res.live.output_tok_s == pytest.approx(res.twin.output_tok_s, rel=0.05)
+    assert res.live.ttft_ms.p50 == pytest.approx(res.twin.ttft_ms.p50, rel=0.05)
+    assert res.live.tpot_ms.p50 == pytest.approx(res.twin.tpot_ms.p50, rel=0.02)
+    assert res.live.attainment == pytest.approx(res.twin.attainment, abs=0.05)
 
 
 @pytest.mark.slow
@@ -84,4 +84,4 @@ def test_the_knee_is_the_same_through_the_simserver(tmp_path: Path) -> None:
     twin_knee = find_knee(twin_pts, "closed", 0.99)
     live_knee = find_knee(live_pts, "closed", 0.99)
     assert twin_knee == live_knee
-    assert twin_knee["meets"] is not None
+    assert twin_knee.meets is not None

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from chatfleet.core.documents.sweep import Knee, SweepDoc, SweepPoint, Target
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.plan import (
     PlanError,
@@ -20,15 +21,16 @@ from chatfleet.core.plan import (
 
 
 def point(mode: str, load: float, attainment: float, goodput: float,
-          ttft_p99: float = 400.0, in_flight: int | None = None) -> dict[str, Any]:
+          ttft_p99: float = 400.0, in_flight: int | None = None) -> SweepPoint:
     key = "concurrency" if mode == "closed" else "rate_rps"
-    return {"load": {"mode": mode, key: load}, "valid": True, "attainment": attainment,
-            "goodput_rps": goodput, "output_tok_s": goodput * 128,
-            "ttft_ms": {"p50": 200.0, "p90": 300.0, "p99": ttft_p99},
-            "in_flight_max": in_flight if in_flight is not None else int(load)}
+    return SweepPoint.from_json({
+        "load": {"mode": mode, key: load}, "valid": True, "attainment": attainment,
+        "goodput_rps": goodput, "output_tok_s": goodput * 128,
+        "ttft_ms": {"p50": 200.0, "p90": 300.0, "p99": ttft_p99},
+        "in_flight_max": in_flight if in_flight is not None else int(load)})
 
 
-def doc(weights: str, kv: str, points: list[dict[str, Any]]) -> dict[str, Any]:
+def doc(weights: str, kv: str, points: list[SweepPoint]) -> SweepDoc:
     return sweep_document({"weights": weights, "kv_cache": kv, "gpu": "l4"}, {}, SLO(), points)
 
 
@@ -41,8 +43,8 @@ def test_figures_name_the_knee_point_they_came_from() -> None:
     assert f.name == "fp8" and f.users_per_card == 8
     assert f.gateway_cap == 7  # in flight at the knee, not the user count
     assert f.goodput_rps == 1.1 and f.ttft_p99_ms == 430.0 and f.rate_rps == 0.5
-    assert f.source == {"sweep": "sweep.json", "point": 1, "load": pts[1]["load"],
-                        "rate_point": 3}
+    assert f.source.to_json() == {"sweep": "sweep.json", "point": 1,
+                                  "load": pts[1].load.to_json(), "rate_point": 3}
     assert f.to_json()["engine_guard"] == 7
 
 
@@ -56,17 +58,17 @@ def test_a_cap_margin_lowers_the_cap_by_grid_steps() -> None:
     lowered = figures_from_sweep(d, "s", cap_margin=1)
     # the users the lowered cap admits, and that point's figures
     assert lowered.users_per_card == 6 and lowered.goodput_rps == 0.7
-    assert lowered.source["point"] == 1 and lowered.knee == {"meets": 8, "fails": 16}
+    assert lowered.source.point == 1 and lowered.knee == Knee(8, 16)
 
 
 def test_a_sweep_where_nothing_meets_has_no_users_per_card() -> None:
     f = figures_from_sweep(doc("bf16", "bf16", [point("closed", 1, 0.5, 0.1)]), "twin")
-    assert f.users_per_card is None and f.gateway_cap is None and f.source["point"] is None
+    assert f.users_per_card is None and f.gateway_cap is None and f.source.point is None
 
 
 def test_a_sweep_without_precision_is_refused() -> None:
     with pytest.raises(PlanError, match="weights"):
-        figures_from_sweep({"target": {}, "points": []}, "x.json")
+        figures_from_sweep(SweepDoc(Target({}), {}, SLO(), ()), "x.json")
 
 
 @pytest.mark.parametrize(("users", "per_card", "headroom", "replicas"),
@@ -106,14 +108,14 @@ def test_the_most_users_per_card_wins_when_accuracy_allows() -> None:
     best, why = choose_precision(figs, accuracy_verdicts(None, ["bf16", "fp8"]))
     assert best is not None and best.name == "fp8" and "16 users" in why
     verdicts = accuracy_verdicts(accuracy(-0.015, 0.005, True), ["bf16", "fp8"])
-    assert verdicts["fp8"]["allowed"] and verdicts["bf16"]["why"] == "the accuracy reference"
+    assert verdicts["fp8"].allowed and verdicts["bf16"].why == "the accuracy reference"
     best, _ = choose_precision(figs, verdicts)
     assert best is not None and best.name == "fp8"
 
 
 def test_a_precision_outside_the_margin_is_not_recommended_whatever_its_goodput() -> None:
     verdicts = accuracy_verdicts(accuracy(-0.05, -0.01, False), ["bf16", "fp8"])
-    assert not verdicts["fp8"]["allowed"] and "outside" in verdicts["fp8"]["why"]
+    assert not verdicts["fp8"].allowed and "outside" in verdicts["fp8"].why
     best, why = choose_precision(figures(), verdicts)
     assert best is not None and best.name == "bf16"
     assert "not recommended for accuracy: fp8" in why
@@ -121,8 +123,8 @@ def test_a_precision_outside_the_margin_is_not_recommended_whatever_its_goodput(
 
 def test_names_the_result_does_not_hold_are_allowed_but_marked_unchecked() -> None:
     v = accuracy_verdicts(accuracy(-0.05, -0.01, False), ["fp8/bf16"])
-    assert v["fp8/bf16"] == {"allowed": True, "checked": False,
-                             "why": "not among the accuracy result's targets"}
+    assert v["fp8/bf16"].to_json() == {"allowed": True, "checked": False,
+                                       "why": "not among the accuracy result's targets"}
 
 
 def test_nothing_meets_means_no_recommendation() -> None:
@@ -132,11 +134,11 @@ def test_nothing_meets_means_no_recommendation() -> None:
 
 
 def test_host_tier_only_inside_its_window() -> None:
-    assert not host_tier(10_000, 24_000, 100_000)["enable"]  # fits the pool
+    assert not host_tier(10_000, 24_000, 100_000).enable  # fits the pool
     inside = host_tier(40_000, 24_000, 100_000)
-    assert inside["enable"] and inside["hicache_ratio"] >= 40_000 / 24_000
+    assert inside.enable and inside.hicache_ratio >= 40_000 / 24_000
     outside = host_tier(200_000, 24_000, 100_000)
-    assert not outside["enable"] and "fewer users" in outside["why"]
+    assert not outside.enable and "fewer users" in outside.why
 
 
 def test_working_set_counts_shared_prompts_once_and_each_history() -> None:

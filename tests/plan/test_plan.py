@@ -11,6 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
+from chatfleet.cli.render import cooling_lines
+from chatfleet.core.documents.plan import Doubling
+from chatfleet.core.documents.sweep import SweepDoc
 from chatfleet.gateway.config import parse_config
 
 runner = CliRunner()
@@ -119,6 +122,42 @@ def test_doubling_shows_the_sheds_and_the_clocks(answer: dict[str, Any]) -> None
     assert hot["gpu"]["sm_clock_mhz"]["min"] < cool["gpu"]["sm_clock_mhz"]["min"]
 
 
+def test_doubling_says_whether_the_card_holds_its_clock_and_what_would(
+        answer: dict[str, Any]) -> None:
+    runs = {(r["traffic"], r["thermal_model"]): r for r in answer["doubling"]["runs"]}
+    for traffic in ("target", "doubled"):
+        cool, hot = runs[traffic, False], runs[traffic, True]
+        assert "cooling" not in cool
+        c = hot["cooling"]
+        # the load's mix at the loaded clock comes from the thermal-off run
+        assert c["busy_share"] == cool["gpu"]["busy_share"]
+        assert c["loaded_power_w"] == pytest.approx(cool["gpu"]["power_w"]["at_loaded_clock"],
+                                                    abs=0.01)
+        assert c["held_clock"] == (hot["gpu"]["thermal_slowdown_share"] == 0.0)
+        # what the mix asks of the cooling agrees with what the card did under it
+        assert c["holds_clock"] == c["held_clock"]
+        assert not c["held_clock"]  # a saturated L4 under the fitted cooling
+        assert c["max_r_c_per_w"] < c["profile"]["r_c_per_w"]
+        assert c["settled_mhz"] == hot["gpu"]["sm_clock_mhz"]["p50"]
+    text = words("\n".join(cooling_lines(Doubling.from_json(answer["doubling"], "doubling"))))
+    assert text.count("throttles after") == 2
+    assert text.count("to hold the clock: cooling with at most") == 2
+    assert f"{runs['target', True]['cooling']['max_r_c_per_w']:.2f} C/W" in text
+    assert "--clock-floor" in text
+    assert "note: the thermal model" not in text
+
+
+def test_cooling_lines_for_a_card_that_holds_its_clock(answer: dict[str, Any]) -> None:
+    doubling = json.loads(json.dumps(answer["doubling"]))
+    for r in doubling["runs"]:
+        if r.get("cooling"):
+            r["cooling"].update(held_clock=True, holds_clock=True, steady_temp_c=80.0)
+    text = words("\n".join(cooling_lines(Doubling.from_json(doubling, "doubling"))))
+    assert text.count("holds its clock") == 2
+    assert "to hold the clock" not in text and "throttles" not in text
+    assert "settling at 80 C" in text
+
+
 def write_accuracy(path: Path, lo: float, hi: float) -> Path:
     within = lo >= -0.02
     cmp = {"a": "bf16", "b": "fp8", "diff": (lo + hi) / 2, "diff_ci95": [lo, hi],
@@ -181,10 +220,10 @@ def test_a_file_that_is_not_a_sweep_is_refused(tmp_path: Path) -> None:
     f = tmp_path / "x.json"
     f.write_text('{"schema": "other"}')
     code, out = plan("--users", "10", "--sweep", str(f))
-    assert code == 2 and "not chatfleet.sweep/1" in words(out)
+    assert code == 2 and "unsupported schema 'other' (expected 'chatfleet.sweep/1')" in words(out)
     f.write_text("{not json")
     code, out = plan("--users", "10", "--sweep", str(f))
-    assert code == 2 and "not readable JSON" in words(out)
+    assert code == 2 and "is not valid JSON" in words(out)
 
 
 def test_a_live_sweep_directory_is_read_like_its_sweep_json(tmp_path: Path,
@@ -211,30 +250,25 @@ def test_with_think_time_a_card_holds_more_users_than_its_cap() -> None:
 def test_hicache_flags_when_the_working_set_calls_for_them() -> None:
     from chatfleet.core.plan import figures_from_sweep
     from chatfleet.core.specs import builtin_model, get_gpu
-    from chatfleet.planner import (
-        PlanRequest,
-        SessionProfile,
-        host_tier_of,
-        launch_commands,
-        pool_of,
-    )
+    from chatfleet.core.workload import SessionProfile
+    from chatfleet.jobs.plan import PlanRequest, host_tier_of, launch_commands, pool_of
 
-    doc = {"target": {"weights": "fp8", "kv_cache": "fp8"}, "knee": {"meets": 128, "fails": 130},
-           "recommended_cap": 18,
+    doc = {"schema": "chatfleet.sweep/1", "target": {"weights": "fp8", "kv_cache": "fp8"},
+           "knee": {"meets": 128, "fails": 130}, "recommended_cap": 18,
            "points": [{"load": {"mode": "closed", "concurrency": 128}, "valid": True,
                        "goodput_rps": 1.0, "output_tok_s": 100.0, "ttft_ms": {"p99": 500.0}}]}
-    fig = figures_from_sweep(doc, "s.json")
+    fig = figures_from_sweep(SweepDoc.from_json(doc), "s.json")
     req = PlanRequest(get_gpu("l4"), builtin_model("qwen3-8b"), users=500,
                       profile=SessionProfile(turns=4, think_time_s=120.0))
     pool = pool_of(req, "fp8", "fp8")
     tier = host_tier_of(req, fig, pool)
     # 128 users x 4 turns x 640 tokens + the prompt: larger than the 142k pool, within + host
-    assert tier["working_set_tokens"] == 2048 + 128 * 4 * 640
-    assert tier["enable"] and tier["hicache_ratio"] >= tier["working_set_tokens"] / 142_372
+    assert tier.working_set_tokens == 2048 + 128 * 4 * 640
+    assert tier.enable and tier.hicache_ratio >= tier.working_set_tokens / 142_372
     argv = launch_commands(req, fig, pool, tier)["sglang"].argv
     assert "--enable-hierarchical-cache" in argv
-    assert argv[argv.index("--hicache-ratio") + 1] == str(tier["hicache_ratio"])
+    assert argv[argv.index("--hicache-ratio") + 1] == str(tier.hicache_ratio)
     small = PlanRequest(get_gpu("l4"), builtin_model("qwen3-8b"), users=500,
                         profile=SessionProfile(turns=4, think_time_s=120.0), host_kv_gib=1.0)
     off = host_tier_of(small, fig, pool)
-    assert not off["enable"] and "fewer users" in off["why"]  # beyond GPU + host: no tier
+    assert not off.enable and "fewer users" in off.why  # beyond GPU + host: no tier

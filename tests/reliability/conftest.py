@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import pytest
 import requests
 import yaml
 
-from tests.gateway.redis_server import redis_server
+from tests.gateway.redis_server import free_port, start_redis, stop_redis
 from tests.processes import spawn, stop
 from tests.simserver.test_cli_simserver import read_urls
 
@@ -54,11 +55,12 @@ def rss_mib(pid: int) -> float:
 @dataclass
 class Fleet:
     """redis-server, simserver processes (one replica each, so that each can be killed) and
-    gateway processes sharing Redis."""
+    gateway processes sharing Redis. `redis` is None while Redis is down (`kill_redis`,
+    `start_redis`; `pause_redis` and `resume_redis` stop and continue it)."""
 
     tmp: Path
     redis_url: str
-    redis: subprocess.Popen[bytes]
+    redis: subprocess.Popen[bytes] | None
     sims: list[subprocess.Popen[bytes]] = field(default_factory=list)
     replica_urls: list[str] = field(default_factory=list)
     traces: list[Path] = field(default_factory=list)
@@ -67,6 +69,30 @@ class Fleet:
 
     def metrics(self, i: int) -> str:
         return requests.get(self.gateway_urls[i] + "/metrics", timeout=5).text
+
+    @property
+    def redis_port(self) -> int:
+        return int(self.redis_url.rsplit(":", 1)[1].split("/")[0])
+
+    def kill_redis(self) -> None:
+        """SIGKILL: its state is gone with it."""
+        if self.redis is not None:
+            self.redis.kill()
+            self.redis.wait(10)
+            self.redis = None
+
+    def start_redis(self) -> None:
+        """A fresh, empty redis-server on the same port."""
+        assert self.redis is None
+        self.redis = start_redis(self.tmp, self.redis_port)
+
+    def pause_redis(self) -> None:
+        assert self.redis is not None
+        self.redis.send_signal(signal.SIGSTOP)
+
+    def resume_redis(self) -> None:
+        assert self.redis is not None
+        self.redis.send_signal(signal.SIGCONT)
 
 
 def metric(text: str, name: str) -> float:
@@ -80,38 +106,47 @@ def metric(text: str, name: str) -> float:
 
 @contextlib.contextmanager
 def fleet(tmp: Path, *, replicas: int = 2, gateways: int = 2, cap: int = 4,
-          time_scale: float = 10.0, extra: dict[str, Any] | None = None) -> Iterator[Fleet]:
-    with redis_server(tmp) as (url, proc):
-        f = Fleet(tmp, url, proc)
-        try:
-            for i in range(replicas):
-                trace = tmp / f"replica-{i}.jsonl"
-                sim = spawn("simserver", "--weights", "fp8", "--kv-cache", "fp8", "--port", "0",
-                            "--time-scale", str(time_scale), "--trace", str(trace),
-                            "--seed", str(i), log=tmp / f"sim-{i}.log")
-                f.sims.append(sim)
-                [u] = read_urls(sim, 1, 30)
-                f.replica_urls.append(u)
-                f.traces.append(trace)
-            cfg = {"replicas": [{"name": f"r{i}", "url": u}
-                                for i, u in enumerate(f.replica_urls)],
-                   "cap": cap, "queue_depth": 32, "ttft_budget_s": 5.0,
-                   "health": {"probe_interval_s": 0.5, "eject_after_failures": 2,
-                              "readmit_after_successes": 1},
-                   "timeouts": {"idle_s": 3.0, "first_byte_s": 10.0, "probe_s": 0.5},
-                   "state": {"lease_ttl_s": 2.0}, "debug_headers": True, **(extra or {})}
-            path = tmp / "gateway.yaml"
-            path.write_text(yaml.safe_dump(cfg))
-            for i in range(gateways):
-                gw = spawn("gateway", "--config", str(path), "--port", "0", "--state", url,
-                           log=tmp / f"gateway-{i}.log")
-                f.gateways.append(gw)
-                [g] = read_urls(gw, 1, 30)
-                f.gateway_urls.append(g)
-            yield f
-        finally:
-            for p in [*f.gateways, *f.sims]:
-                stop(p)
-            for i in range(len(f.gateways)):
-                log = (tmp / f"gateway-{i}.log").read_text()
-                assert "Traceback" not in log, log[-3000:]
+          time_scale: float = 10.0, extra: dict[str, Any] | None = None,
+          redis_up: bool = True, redis_port: int | None = None,
+          state_url: str | None = None) -> Iterator[Fleet]:
+    """`redis_up` False: the gateways start with Redis down (the test starts it); `state_url`:
+    where the gateways find Redis (a proxy in front of `redis_port`, say), else Redis
+    itself."""
+    port = redis_port or free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    f = Fleet(tmp, url, start_redis(tmp, port) if redis_up else None)
+    try:
+        for i in range(replicas):
+            trace = tmp / f"replica-{i}.jsonl"
+            sim = spawn("simserver", "--weights", "fp8", "--kv-cache", "fp8", "--port", "0",
+                        "--time-scale", str(time_scale), "--trace", str(trace),
+                        "--seed", str(i), log=tmp / f"sim-{i}.log")
+            f.sims.append(sim)
+            [u] = read_urls(sim, 1, 30)
+            f.replica_urls.append(u)
+            f.traces.append(trace)
+        cfg = {"replicas": [{"name": f"r{i}", "url": u}
+                            for i, u in enumerate(f.replica_urls)],
+               "cap": cap, "queue_depth": 32, "ttft_budget_s": 5.0,
+               "health": {"probe_interval_s": 0.5, "eject_after_failures": 2,
+                          "readmit_after_successes": 1},
+               "timeouts": {"idle_s": 3.0, "first_byte_s": 10.0, "probe_s": 0.5},
+               "state": {"lease_ttl_s": 2.0, "gateways": gateways}, "debug_headers": True,
+               **(extra or {})}
+        path = tmp / "gateway.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        for i in range(gateways):
+            gw = spawn("gateway", "--config", str(path), "--port", "0", "--state",
+                       state_url or url, log=tmp / f"gateway-{i}.log")
+            f.gateways.append(gw)
+            [g] = read_urls(gw, 1, 30)
+            f.gateway_urls.append(g)
+        yield f
+    finally:
+        for p in [*f.gateways, *f.sims]:
+            stop(p)
+        if f.redis is not None:
+            stop_redis(f.redis)
+        for i in range(len(f.gateways)):
+            log = (tmp / f"gateway-{i}.log").read_text()
+            assert "Traceback" not in log, log[-3000:]

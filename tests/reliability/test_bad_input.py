@@ -49,6 +49,16 @@ CASES: list[tuple[str, bytes]] = [
     ("an empty body", raw_post(b"")),
     ("JSON null", raw_post(b"null")),
     ("JSON nested 100,000 deep", raw_post(b"[" * 100_000 + b"]" * 100_000)),
+    ("JSON nested 300 deep (read, but too deep to forward)",
+     raw_post(b'{"messages": [' + MSG + b'], "x": ' + b"[" * 300 + b"]" * 300 + b"}")),
+    ("JSON nested 1,000 deep", raw_post(b'{"messages": [' + MSG + b'], "x": '
+                                        + b"[" * 1000 + b"]" * 1000 + b"}")),
+    ("a body that is not the gzip its Content-Encoding says",
+     raw_post(b"not gzip at all", headers="Content-Encoding: gzip\r\n")),
+    ("an X-Session-ID that is not UTF-8",
+     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-ID: caf\xe9\xff\r\n"
+     b"Content-Length: %d\r\n\r\n%s" % (len(b'{"messages": [' + MSG + b']}'),
+                                       b'{"messages": [' + MSG + b']}')),
     ("messages as a string", raw_post(b'{"messages": "hi"}')),
     ("a message without a role", raw_post(b'{"messages": [{"content": "hi"}]}')),
     ("max_tokens as a string", raw_post(b'{"messages": [' + MSG + b'], "max_tokens": "ten"}')),
@@ -77,6 +87,10 @@ CASES: list[tuple[str, bytes]] = [
 ]
 
 
+REPLICA_CASES = {"JSON nested 300 deep (read, but too deep to forward)", "JSON nested 1,000 deep",
+                 "a body that is not the gzip its Content-Encoding says"}
+
+
 def test_garbage_gets_a_clear_4xx_and_no_crash(tmp_path: Path) -> None:
     with fleet(tmp_path, cap=4, gateways=1, replicas=1) as f:
         url = f.gateway_urls[0]
@@ -86,18 +100,24 @@ def test_garbage_gets_a_clear_4xx_and_no_crash(tmp_path: Path) -> None:
                 seen[name] = raw(url, data)
             except (TimeoutError, ConnectionResetError):
                 seen[name] = None  # the lying Content-Length: the gateway waits, then drops it
+        # the replica itself (a simserver) reads bodies too
+        for name, data in CASES:
+            if name in REPLICA_CASES:
+                seen[f"{name} (to the replica)"] = raw(f.replica_urls[0], data)
         assert requests.get(url + "/health", timeout=5).status_code == 200
         after = [ask(url, 10, f"s{i}") for i in range(3)]
+    assert "Traceback" not in (tmp_path / "sim-0.log").read_text()
     bad = {k: v for k, v in seen.items() if v is not None and v >= 500}
     unanswered = [k for k, v in seen.items() if v is None]
-    record("input", f"{len(CASES)} kinds of bad request (bodies, encodings, types, absurd "
-           "max_tokens, header injection, framing, paths)",
+    record("input", f"{len(CASES)} kinds of bad request (bodies, encodings, nesting, types, "
+           "absurd max_tokens, header injection and bytes, framing, paths), "
+           f"{len(REPLICA_CASES)} of them to the replica too",
            "a clear 4xx (or a normal answer for a legal oddity), never a 5xx or a crash; the "
            "gateway serves normally afterwards",
            f"statuses {sorted({v for v in seen.values() if v is not None})}; no 5xx; "
            f"{len(unanswered)} closed without a status ({', '.join(unanswered) or 'none'}); "
            f"{sum(r['outcome'] == 'ok' for r in after)}/3 ok afterwards",
-           requests_sent=len(CASES) + 3, lost=len(bad))
+           requests_sent=len(CASES) + len(REPLICA_CASES) + 3, lost=len(bad))
     assert not bad, bad
     assert set(unanswered) <= {"a Content-Length that lies (longer than the body)"}
     assert all(v is None or 200 <= v < 500 for v in seen.values())

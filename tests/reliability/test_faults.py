@@ -1,5 +1,5 @@
 """Faults, each with its expected outcome: a replica killed mid-stream, a replica that hangs,
-a gateway killed, Redis killed and restarted, a slow client."""
+a gateway killed, a slow client. Redis's faults under load: test_redis_faults.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 import requests
 
 from tests.gateway.conftest import raw_connection, raw_post
-from tests.gateway.redis_server import redis_server
 from tests.gateway.test_relay import wait_for
 from tests.reliability.conftest import Fleet, fleet, metric, record
 
@@ -112,7 +111,7 @@ def test_a_replica_that_hangs(tmp_path: Path) -> None:
     assert lost == 0
 
 
-def test_a_gateway_killed_its_leases_expire(tmp_path: Path) -> None:
+def test_a_gateway_killed_its_shares_expire(tmp_path: Path) -> None:
     with fleet(tmp_path, cap=2) as f:
         futs = many(f.gateway_urls[0], 4, 2000, "g")  # fills both replicas through gateway 0
         assert wait_for(lambda: metric(f.metrics(1),
@@ -126,35 +125,15 @@ def test_a_gateway_killed_its_leases_expire(tmp_path: Path) -> None:
         results = [fu.result(60) for fu in futs]
         after = [ask(f.gateway_urls[1], 20, f"a{i}") for i in range(4)]
     record("fault", "a gateway killed (SIGKILL) while it held every slot",
-           "its clients see their connections close; its leases expire after the lease TTL "
-           "(2 s here) and the surviving gateway gets the whole cap back",
+           "its clients see their connections close; after the lease TTL (2 s here) its "
+           "requests no longer count and the surviving gateway takes back its shares, all "
+           "but the dead one's own (cap // gateways, kept for it)",
            f"slots freed for the other gateway after {freed:.1f} s; "
            f"{sum(r['outcome'] == 'ok' for r in after)}/4 ok through it",
            requests_sent=len(after), lost=accounted(after))
     assert freed < 5
     assert all(r["status"] is None for r in results)  # the killed gateway's own clients
     assert all(r["outcome"] == "ok" for r in after)
-
-
-def test_redis_killed_and_restarted(tmp_path: Path) -> None:
-    with fleet(tmp_path, cap=4) as f:
-        port = int(f.redis_url.rsplit(":", 1)[1].split("/")[0])
-        f.redis.kill()
-        f.redis.wait(10)
-        assert wait_for(lambda: all(metric(f.metrics(i), "chatfleet_gateway_state_up") == 0
-                                    for i in range(2)), 10)
-        during = [ask(f.gateway_urls[i % 2], 20, f"d{i}") for i in range(6)]
-        with redis_server(tmp_path, port=port):
-            assert wait_for(lambda: all(metric(f.metrics(i), "chatfleet_gateway_state_up") == 1
-                                        for i in range(2)), 10)
-            after = [ask(f.gateway_urls[i % 2], 20, f"a{i}") for i in range(6)]
-    record("fault", "Redis killed (SIGKILL), then restarted empty",
-           "gateways keep serving on their share of each cap and say so (state_up 0); when "
-           "Redis returns they re-assert their leases and go back to fleet-wide caps",
-           f"{sum(r['outcome'] == 'ok' for r in during)}/6 ok without Redis; state_up back "
-           f"to 1 on both; {sum(r['outcome'] == 'ok' for r in after)}/6 ok after",
-           requests_sent=12, lost=accounted(during + after))
-    assert all(r["outcome"] == "ok" for r in during + after)
 
 
 def slow_reader(url: str, tokens: int, delay_s: float) -> tuple[bool, float]:

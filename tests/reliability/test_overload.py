@@ -13,7 +13,7 @@ import pytest
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
 from chatfleet.core.workload import ClosedLoop, LengthSpec, Workload, WorkloadConfig
-from chatfleet.parity import max_in_flight_from_trace
+from chatfleet.jobs.parity import max_in_flight_from_trace
 from tests.reliability.conftest import fleet, metric, record, rss_mib
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from chatfleet.core.documents.sweep import SweepPoint
 from chatfleet.core.metrics import SLO, sweep_document
 
 CLOSED = (1, 2, 4, 8, 16, 32)
@@ -112,7 +113,8 @@ def write_sweep_dir(root: Path, weights: str = "bf16", speed: float = 1.0, *,
     (an interrupted sweep); `truncate_last` cuts the last line of runs.jsonl in half."""
     root.mkdir(parents=True, exist_ok=True)
     points = build_points(speed, with_open=with_open, time_scale=time_scale)
-    doc = sweep_document(target(weights), WORKLOAD, SLO(), points)
+    doc = sweep_document(target(weights), WORKLOAD, SLO(),
+                         [SweepPoint.from_json(p) for p in points]).to_json()
     lines = [json.dumps(p) + "\n" for p in points]
     if truncate_last:
         lines[-1] = lines[-1][: len(lines[-1]) // 2]
@@ -124,4 +126,30 @@ def write_sweep_dir(root: Path, weights: str = "bf16", speed: float = 1.0, *,
             {"target": target(weights), "workload": WORKLOAD, "slo": SLO().to_json()}))
     if sweep_json:
         (root / "sweep.json").write_text(json.dumps(doc, indent=2))
+    return doc
+
+
+def write_live_proof(path: Path, *, cap: int = 24, peaks: tuple[int, ...] = (24, 23),
+                     users: int = 96) -> dict[str, Any]:
+    """A chatfleet.live-proof/1 document as `chatfleet demo` writes it (figures made up)."""
+    def side(attempts: int, shed: int, peak: tuple[int, ...], ttft_ms: float) -> dict[str, Any]:
+        return {"attempts": attempts, "completed": attempts - shed, "shed": shed, "failed": 0,
+                "admitted_attainment": 0.995967741935, "attainment": 0.198418972332,
+                "ttft_p99_ms": ttft_ms, "tpot_p99_ms": 97.907784544,
+                "goodput_rps": 4.183333333333,
+                "peak_in_flight": {f"replica-{i}": n for i, n in enumerate(peak)}}
+
+    doc = {"schema": "chatfleet.live-proof/1",
+           "target": {"gpu": "l4", "model": "qwen3-8b", "weights": "fp8", "kv_cache": "fp8",
+                      "engine": "simserver", "via": "chatfleet gateway"},
+           "replicas": len(peaks), "cap_per_replica": cap,
+           "load": {"mode": "closed", "concurrency": users},
+           "load_multiple": users / (cap * len(peaks)), "duration_s": 60.0, "warmup_s": 20.0,
+           "live": {**side(1265, 1013, peaks, 921.92293274), "shed_with_retry_after": 1013,
+                    "retry_after_s_p50": 1.0},
+           "twin": side(1144, 893, (cap,) * len(peaks), 1013.790222),
+           "peak_in_flight_source": "the replicas' own traces (trace.jsonl)",
+           "files": {"sweep": "sweep.json", "trace": "trace.jsonl"}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
     return doc

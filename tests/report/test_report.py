@@ -12,6 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from chatfleet.cli.report import report
+from chatfleet.core.documents.sweep import ClosedLoad, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -159,11 +160,12 @@ def test_interrupted_dir_rebuilds_from_runs_jsonl(sweep_dir: MakeDir) -> None:
     sweep = load_sweep(d)
     assert sweep.rebuilt
     points = build_points(1.0)[:-1]  # the last line was cut short
-    expected = sweep_document(target("bf16"), {}, SLO(), points)
+    expected = sweep_document(target("bf16"), {}, SLO(),
+                              [SweepPoint.from_json(p) for p in points])
     assert len(sweep.points) == len(points)
-    assert sweep.doc["knee"] == expected["knee"]
-    assert sweep.doc["knee_rate"] == expected["knee_rate"]
-    assert sweep.doc["target"]["gpu"] == "l4"  # from meta.json
+    assert sweep.doc.knee == expected.knee
+    assert sweep.doc.knee_rate == expected.knee_rate
+    assert sweep.doc.target.gpu == "l4"  # from meta.json
     assert any("truncated last line" in w for w in sweep.warnings)
     code, out = invoke(d)
     assert code == 0, out
@@ -177,7 +179,7 @@ def test_interrupted_dir_without_meta_is_labelled_by_its_folder(sweep_dir: MakeD
     d = sweep_dir("night-run", sweep_json=False, meta=False)
     sweep = load_sweeps([d])[0]
     assert sweep.label == "night-run"
-    assert sweep.doc["target"] == {}
+    assert sweep.doc.target.to_json() == {}
     assert any("no meta.json" in w for w in sweep.warnings)
     build_report([d])
     assert (d / "report.html").is_file()
@@ -186,17 +188,17 @@ def test_interrupted_dir_without_meta_is_labelled_by_its_folder(sweep_dir: MakeD
 def test_a_bare_twin_sweep_file_from_run_sweep(tmp_path: Path) -> None:
     spec = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
     doc = TwinSweep(spec, WorkloadConfig(), SLO(), duration_s=60, warmup_s=5).run(
-        [{"mode": "closed", "concurrency": c} for c in (1, 8, 32)])
+        [ClosedLoad(c) for c in (1, 8, 32)])
     f = tmp_path / "twin" / "fp8.json"
     f.parent.mkdir()
-    f.write_text(json.dumps(doc))
+    f.write_text(json.dumps(doc.to_json()))
     written = build_report([f])
     assert written.html.parent == f.parent  # default: the sweep file's folder
     html = written.html.read_text()
     assert_self_contained(html)
-    k = doc["knee"]
-    meets = "none" if k["meets"] is None else f"{k['meets']} users"
-    fails = "none tested" if k["fails"] is None else f"{k['fails']} users"
+    k = doc.knee
+    meets = "none" if k.meets is None else f"{k.meets} users"
+    fails = "none tested" if k.fails is None else f"{k.fails} users"
     assert f"L4 FP8: closed-loop knee: meets {meets}, fails {fails}" in html
     # closed loop only: no open-loop panel, no run files: no timelines
     figures = re.findall(r'<figure class="plot" id="plot-([a-z]+)">', html)

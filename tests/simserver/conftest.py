@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
-from chatfleet.datasets import qwen_tokenizer_dir
+from chatfleet.data.paths import qwen_tokenizer_dir
 from chatfleet.simserver.server import RunningServer, ServerConfig, serve_in_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -126,6 +126,36 @@ def test_non_finite_time_scale_exits_2(value: str) -> None:
     assert rc == 2
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--eviction", "xx"], "unknown eviction policy 'xx'"),
+    (["--max-running-requests", "0"], "the engine cap must be at least 1"),
+    (["--engine-model", "vllm", "--max-running-requests", "0"],
+     "the engine cap must be at least 1"),
+    (["--host-pool-tokens", "-1"], "host pool tokens must not be negative"),
+    (["--pool-tokens", "0"], "the KV pool must hold at least one token"),
+    (["--pool-tokens", "-1"], "the KV pool must hold at least one token"),
+    (["--served-model-name", " "], "--served-model-name is empty"),
+    (["--profile", "."], "is a folder: give the path of a file"),
+])
+def test_a_bad_engine_spec_fails_at_once_in_one_line(args: list[str], message: str) -> None:
+    """The engine model is built once before the server starts: a flag it refuses is one
+    line and exit 2 at once, never a traceback from inside the server's start, nor a server
+    that serves (--pool-tokens 0 once served with the planned pool, until killed)."""
+    proc = subprocess.Popen([str(CHATFLEET), "simserver", "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        served = read_urls(proc, 1, 15)
+        rc = proc.wait(15) if not served else None
+    finally:
+        stop(proc, 10)
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert not served, f"{args} was accepted: {served}"
+    assert rc == 2, stderr
+    assert "Traceback" not in stderr, stderr[-600:]
+    text = " ".join(stderr.split())
+    assert text.count("error:") == 1 and message in text, stderr
+
+
 @pytest.mark.parametrize("args", [["--port", "70000"], ["--port", "-1"],
                                   ["--port", "65535", "--replicas", "2"]])
 def test_port_out_of_range_exits_2(args: list[str]) -> None:

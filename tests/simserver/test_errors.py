@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +13,7 @@ import requests
 
 from chatfleet.simserver.server import RunningServer, serve_in_thread
 
-from .conftest import HTTP_TIMEOUT, MODEL, config, engine_is_idle, post
+from .conftest import HTTP_TIMEOUT, MODEL, config, engine_is_idle, post, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -237,7 +239,7 @@ def test_a_token_id_prompt_is_checked_with_one_read_of_the_vocabulary_size(
     such requests 180 ms: at time scale 10 the replica fell behind the model's timeline (the
     twin-against-simserver parity test failed on it, tests/parity)."""
     import chatfleet.simserver.server as server_module
-    from chatfleet.datasets import QwenTokenizer
+    from chatfleet.data.tokenizer import QwenTokenizer
 
     reads = [0]
 
@@ -258,3 +260,36 @@ def test_a_token_id_prompt_is_checked_with_one_read_of_the_vocabulary_size(
         assert_openai_400(post(srv.urls[0], COMP, {"prompt": [1000] * 2559 + [VOCAB]}),
                           "prompt")
         assert reads[0] <= 1, reads[0]
+
+
+def test_a_body_that_does_not_decode_is_a_400_and_one_log_line(
+        url: str, caplog: pytest.LogCaptureFixture) -> None:
+    r = requests.post(url + CHAT, data=b"this is not gzip", timeout=HTTP_TIMEOUT,
+                      headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    err = assert_openai_400(r)
+    assert "Content-Encoding" in err["message"]
+    assert post(url, CHAT, {"messages": USER, "max_tokens": 2}).status_code == 200
+    for rec in caplog.records:
+        assert rec.exc_info is None and rec.levelno < logging.ERROR, rec.getMessage()
+
+
+def test_a_malformed_4_mib_request_is_logged_in_one_short_line(
+        url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A body past its Content-Length is read as the next request's request line: aiohttp's
+    error quotes that whole line. The log keeps one line, cut short."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    junk = b"x" * (4 << 20)
+    with socket.create_connection((host, int(port)), timeout=HTTP_TIMEOUT) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
+                  b"{}" + junk)
+        with contextlib.suppress(OSError):
+            while s.recv(1 << 20):
+                pass
+    assert wait_for(lambda: any(r.name == "aiohttp.server" for r in caplog.records))
+    logged = [r for r in caplog.records if r.name.startswith(("aiohttp", "chatfleet"))]
+    assert logged
+    for rec in logged:
+        text = rec.getMessage()
+        assert rec.exc_info is None and len(text) < 1000 and "\n" not in text, text[:300]

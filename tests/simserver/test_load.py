@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -108,3 +109,34 @@ def test_replicas_are_independent() -> None:
         assert c["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert metrics(srv.urls[1])["sglang:num_requests_total"] == 1
         assert metrics(srv.urls[0])["sglang:num_requests_total"] == 2
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_4_mib_prompt_does_not_stall_the_other_streams(url: str, path: str) -> None:
+    """Tokenizing 4 MiB of text takes seconds (3.5 s here). On the event loop it froze every
+    other stream for as long (gateways ejected the replica); off it, a concurrent stream's
+    gaps stay small."""
+    import threading
+
+    got: dict[str, Any] = {}
+
+    def stream() -> None:
+        got["times"], _ = stream_completion(url, {"prompt": list(range(2000, 2100)),
+                                                  "max_tokens": 1500, "ignore_eos": True})
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(0.3)  # the stream is running
+    big = "hello world " * (4 * 1024 * 1024 // 12)
+    body: dict[str, Any] = ({"prompt": big} if path == "/v1/completions" else
+                            {"messages": [{"role": "user", "content": big}]})
+    t0 = time.monotonic()
+    r = post(url, path, {"model": MODEL, "max_tokens": 4, **body}, timeout=60)
+    took = time.monotonic() - t0
+    t.join(60)
+    assert r.status_code == 400 and "exceeds the context length" in r.text  # tokenized: 699k
+    times = got["times"]
+    assert len(times) == 1500  # the stream was not cut
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert took > 1.0, took  # the tokenizing did take long, while the stream ran
+    assert max(gaps) < 0.5, (max(gaps), took)

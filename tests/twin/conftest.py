@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
@@ -19,7 +20,7 @@ def engine(prec: str = "bf16", **kw: Any) -> EngineSpec:
 
 def closed(spec: EngineSpec, users: int, wcfg: WorkloadConfig | None = None,
            duration: float = 300.0, warmup: float = 30.0, seed: int = 1) -> PointRun:
-    return run_point(spec, wcfg or WorkloadConfig(), {"mode": "closed", "concurrency": users},
+    return run_point(spec, wcfg or WorkloadConfig(), ClosedLoad(users),
                      duration_s=duration, warmup_s=warmup, seed=seed)
 
 

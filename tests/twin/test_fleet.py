@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.twin.fleet import FleetConfig, run_fleet_point
 from tests.twin.conftest import MIXED, engine
@@ -15,29 +16,29 @@ MULTI = WorkloadConfig(lengths=LengthSpec("uniform", 256, 128, 0.5, "vllm"), tur
 def test_at_three_times_the_cap_no_replica_exceeds_it_and_the_rest_is_shed() -> None:
     fleet = FleetConfig(replicas=2, cap=8, queue_depth=8)
     run = run_fleet_point(engine("fp8"), WorkloadConfig(lengths=MIXED),
-                          {"mode": "closed", "concurrency": 48}, fleet, duration_s=120.0,
+                          ClosedLoad(48), fleet, duration_s=120.0,
                           warmup_s=10.0)
     p = run.point
-    assert p["fleet"]["max_in_flight"] == [8, 8]
-    assert p["engine"]["max_running"] <= 8
-    assert p["requests"]["shed"] > 0
+    assert p.fleet.max_in_flight == (8, 8)
+    assert p.engine.max_running <= 8
+    assert p.requests.shed > 0
     shed = [r for r in run.records if r.outcome == "shed"]
     assert all("retry-after" in (r.error or "") for r in shed)
     # every request ends admitted (completed) or shed
-    assert p["requests"]["offered"] == p["requests"]["completed"] + p["requests"]["shed"]
+    assert p.requests.offered == p.requests.completed + p.requests.shed
     # shed users come back after their Retry-After: later attempts exist
     assert any("#" in r.request_id for r in run.records)
-    assert p["admitted_attainment"] > p["attainment"]
+    assert p.admitted_attainment > p.attainment
 
 
 def test_session_affinity_keeps_histories_cached() -> None:
-    load = {"mode": "closed", "concurrency": 24}
+    load = ClosedLoad(24)
     share = {}
     for affinity in (True, False):
         fleet = FleetConfig(replicas=3, cap=16, queue_depth=32, affinity=affinity)
         run = run_fleet_point(engine("fp8"), MULTI, load, fleet, duration_s=180.0,
                               warmup_s=20.0, seed=4)
-        share[affinity] = run.point["cached_token_share"]
+        share[affinity] = run.point.cached_token_share
         if affinity:  # every session stayed on one replica (none was hot)
             by_session: dict[str, set[str | None]] = {}
             for r in run.records:

@@ -17,18 +17,18 @@ def test_concurrency_one_matches_the_l4_calibration_points(prec: str) -> None:
     ref = next(p for p in L4_C1_POINTS if p.weights == prec)
     run = closed(engine(prec), 1, WorkloadConfig(system_prompt_tokens=0), warmup=10.0)
     p = run.point
-    assert p["output_tok_s"] == pytest.approx(ref.output_tok_s, rel=0.10)
-    assert p["ttft_ms"]["p50"] == pytest.approx(ref.median_ttft_s * 1000, rel=0.20)
+    assert p.output_tok_s == pytest.approx(ref.output_tok_s, rel=0.10)
+    assert p.ttft_ms.p50 == pytest.approx(ref.median_ttft_s * 1000, rel=0.20)
 
 
 def test_fp8_runs_64_users_without_a_queue_where_bf16_queues_on_a_full_pool() -> None:
-    fp8 = closed(engine("fp8"), 64).point["engine"]
-    bf16 = closed(engine("bf16"), 64).point["engine"]
-    assert fp8["max_running"] == 64
-    assert fp8["max_queue"] == 0
-    assert bf16["max_queue"] > 0
-    assert bf16["max_running"] < 64
-    assert bf16["peak_token_usage"] > 0.95
+    fp8 = closed(engine("fp8"), 64).point.engine
+    bf16 = closed(engine("bf16"), 64).point.engine
+    assert fp8.max_running == 64
+    assert fp8.max_queue == 0
+    assert bf16.max_queue > 0
+    assert bf16.max_running < 64
+    assert bf16.peak_token_usage > 0.95
 
 
 @pytest.mark.parametrize("users", [16, 32, 64])
@@ -36,17 +36,17 @@ def test_fixed_lengths_form_waves_that_a_mixed_distribution_does_not(users: int)
     spec = engine("fp8")
     fixed = closed(spec, users, WorkloadConfig()).point
     mixed = closed(spec, users, WorkloadConfig(lengths=MIXED)).point
-    assert fixed["ttft_ms"]["p50"] >= 3 * mixed["ttft_ms"]["p50"]
+    assert fixed.ttft_ms.p50 >= 3 * mixed.ttft_ms.p50
 
 
 def test_closed_loop_throughput_peaks_where_no_request_meets_the_target() -> None:
     spec = engine("fp8")
     wcfg = WorkloadConfig(lengths=MIXED)
     points = [closed(spec, n, wcfg).point for n in (4, 8, 16, 32, 64)]
-    peak = max(points, key=lambda p: p["output_tok_s"])
-    assert peak["load"]["concurrency"] == 64
-    assert peak["attainment"] < 0.05
-    assert max(p["attainment"] for p in points) >= 0.99
+    peak = max(points, key=lambda p: p.output_tok_s)
+    assert peak.load.concurrency == 64
+    assert peak.attainment < 0.05
+    assert max(p.attainment for p in points) >= 0.99
 
 
 def _history_hit_share(run_records: list, system: int, min_turn: int) -> float:
@@ -75,7 +75,7 @@ def test_prompt_groups_outgrowing_the_pool_raise_ttft_and_a_host_tier_brings_it_
     def ttft(groups: int, host: int = 0) -> float:
         wcfg = WorkloadConfig(prompt_groups=groups, lengths=MIXED)
         run = closed(engine("bf16", host_pool_tokens=host), 4, wcfg, warmup=60.0)
-        return float(run.point["ttft_ms"]["p50"])
+        return float(run.point.ttft_ms.p50)
 
     fits = ttft(4)  # 4 x 2,048 shared tokens: well inside the 24k BF16 pool
     outgrown = ttft(32)  # 32 x 2,048 = 65k: larger than the pool
@@ -88,10 +88,10 @@ def test_an_engine_cap_below_the_load_moves_the_wait_into_the_first_token() -> N
     wcfg = WorkloadConfig(lengths=MIXED)
     free = closed(engine("fp8"), 32, wcfg).point
     capped = closed(engine("fp8", max_running_requests=16), 32, wcfg).point
-    assert capped["engine"]["max_running"] == 16
-    assert capped["engine"]["max_queue"] > 0
-    assert capped["ttft_ms"]["p50"] > 5 * free["ttft_ms"]["p50"]
-    assert capped["output_tok_s"] < 0.9 * free["output_tok_s"]
+    assert capped.engine.max_running == 16
+    assert capped.engine.max_queue > 0
+    assert capped.ttft_ms.p50 > 5 * free.ttft_ms.p50
+    assert capped.output_tok_s < 0.9 * free.output_tok_s
 
 
 def test_multi_turn_history_is_reused_turn_after_turn() -> None:

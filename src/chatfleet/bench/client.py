@@ -14,7 +14,6 @@ marked `itl_estimated`.
 from __future__ import annotations
 
 import asyncio
-import collections
 import email.utils
 import math
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from chatfleet.bench import arrivals
 from chatfleet.core.metrics import expand_chunks
 from chatfleet.core.records import RequestRecord
 
@@ -50,38 +50,8 @@ class Clock:
             await asyncio.sleep(delay)
 
 
-# Arrival stamps. The event loop may handle a burst of chunks one after another, so the time a
-# coroutine reads a line can be milliseconds after its bytes came in. The protocol's
-# data_received runs as the socket is read: it stamps every SSE event in the bytes it gets, and
-# the stream reader takes those stamps in order. Installed once per process, used only by
-# responses that register themselves; anything unexpected falls back to the read time.
-_ARRIVALS: dict[int, collections.deque[float | None]] = {}
-_installed = False
-
-
-def _install_arrival_stamps() -> None:
-    global _installed
-    if _installed:
-        return
-    from aiohttp.client_proto import ResponseHandler
-
-    original = ResponseHandler.data_received
-
-    def data_received(self: ResponseHandler, data: bytes) -> None:
-        q = _ARRIVALS.get(id(self))
-        if q is not None and data:
-            n = data.count(b"data:")
-            if n:
-                t = time.monotonic()
-                q.extend([t] * n)
-        original(self, data)
-
-    ResponseHandler.data_received = data_received  # type: ignore[method-assign]
-    _installed = True
-
-
 def make_session(read_timeout_s: float = 600.0) -> aiohttp.ClientSession:
-    _install_arrival_stamps()
+    arrivals.install()
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=None, connect=30.0, sock_read=read_timeout_s)
     return aiohttp.ClientSession(connector=connector, timeout=timeout,
@@ -177,9 +147,10 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
     least one per chunk with text; when the final usage gives the true total, the difference
     goes to the last chunk. Either way the record is marked `itl_estimated`."""
     out = StreamOutcome(record, asked_tokens=payload.get("max_tokens"))
-    stamps: collections.deque[float | None] | None = None
-    proto_key: int | None = None
+    loop = asyncio.get_running_loop()
+    arrivals.stamp_selects(loop)
     record.send_time = clock.now()
+    last_t = record.send_time
     prev_tokens = 0
     estimated = False
     try:
@@ -192,82 +163,89 @@ async def stream(session: aiohttp.ClientSession, url: str, payload: dict[str, An
                     record.error += f" (retry-after {resp.headers.get('retry-after')})"
                     out.retry_after_s = retry_after_s(resp.headers)
                 return out
-            proto = resp.connection.protocol if resp.connection is not None else None
-            if proto is not None:
-                # events already buffered arrived before we could stamp them: no stamp
-                early = sum(bytes(c).count(b"data:")
-                            for c in getattr(resp.content, "_buffer", ()))
-                stamps = collections.deque([None] * early)
-                proto_key = id(proto)
-                _ARRIVALS[proto_key] = stamps
-            async for line in resp.content:
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                t = clock.now()
-                if stamps:
-                    stamp = stamps.popleft()
+            stamps = arrivals.StreamStamps(resp, loop)
+            try:
+                async for line in resp.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    arrivals.poll(loop)
+                    t = clock.now()
+                    stamp = stamps.next()
                     if stamp is not None:
                         arrived = (stamp - clock.t0) * clock.scale
-                        if arrived <= t:
+                        # a stamp is only taken if it lies after what this stream has seen
+                        # (its send, its last chunk): an earlier one is not these bytes'
+                        if last_t <= arrived <= t:
                             t = arrived
-                try:
-                    obj = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    record.outcome = "error"
-                    record.error = f"malformed stream chunk: {data[:200]!r}"
-                    return out
-                if "error" in obj and not obj.get("choices"):
-                    record.outcome = "error"
-                    record.error = str(obj["error"])[:500]
-                    return out
-                usage = obj.get("usage")
-                choices = obj.get("choices") or []
-                n = 0
-                if isinstance(usage, dict):
-                    details = usage.get("prompt_tokens_details") or {}
-                    if details.get("cached_tokens") is not None:
-                        out.cached_reported = True
-                    record.cached_tokens = int(details.get("cached_tokens") or 0)
-                    record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                    total = int(usage.get("completion_tokens") or 0)
-                    if estimated or not choices or not _delta_has_text(choices[0]):
-                        # a closing usage block: reconcile the estimate with the true total
-                        if out.chunk_tokens and total > prev_tokens:
-                            out.chunk_tokens[-1] += total - prev_tokens
+                    last_t = t
+                    try:
+                        obj = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        record.outcome = "error"
+                        record.error = f"malformed stream chunk: {data[:200]!r}"
+                        return out
+                    if record.response_id is None and isinstance(obj.get("id"), str):
+                        record.response_id = obj["id"]  # the engine's own id for the request
+                    if "error" in obj and not obj.get("choices"):
+                        record.outcome = "error"
+                        record.error = str(obj["error"])[:500]
+                        return out
+                    usage = obj.get("usage")
+                    choices = obj.get("choices") or []
+                    n = 0
+                    if isinstance(usage, dict):
+                        details = usage.get("prompt_tokens_details") or {}
+                        if details.get("cached_tokens") is not None:
+                            out.cached_reported = True
+                        record.cached_tokens = int(details.get("cached_tokens") or 0)
+                        record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                        total = int(usage.get("completion_tokens") or 0)
+                        if estimated or not choices or not _delta_has_text(choices[0]):
+                            # a closing usage block: reconcile the estimate with the true total
+                            if out.chunk_tokens and total > prev_tokens:
+                                out.chunk_tokens[-1] += total - prev_tokens
+                                prev_tokens = total
+                        else:
+                            n = total - prev_tokens
                             prev_tokens = total
-                    else:
-                        n = total - prev_tokens
-                        prev_tokens = total
-                elif choices and _delta_has_text(choices[0]):
-                    text = _content(choices[0]) or _reasoning(choices[0]) or ""
-                    n = max(1, count_text(text)) if count_text and text else 1
-                    prev_tokens += n
-                    estimated = True
-                content = _content(choices[0]) if choices else None
-                if content:
-                    out.text_parts.append(content)
-                if choices and choices[0].get("finish_reason"):
-                    out.finish_reason = choices[0]["finish_reason"]
-                if n > 0:
-                    out.chunk_times.append(t)
-                    out.chunk_tokens.append(n)
-                    if on_chunk is not None:
-                        on_chunk(t, n)
+                    elif choices and _delta_has_text(choices[0]):
+                        text = _content(choices[0]) or _reasoning(choices[0]) or ""
+                        n = max(1, count_text(text)) if count_text and text else 1
+                        prev_tokens += n
+                        estimated = True
+                    content = _content(choices[0]) if choices else None
+                    if content:
+                        out.text_parts.append(content)
+                    if choices and choices[0].get("finish_reason"):
+                        out.finish_reason = choices[0]["finish_reason"]
+                    if n > 0:
+                        out.chunk_times.append(t)
+                        out.chunk_tokens.append(n)
+                        if on_chunk is not None:
+                            on_chunk(t, n)
+            finally:
+                stamps.close()  # before the connection goes back to the pool
     except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         record.outcome = "error"
         record.error = f"{type(exc).__name__}: {exc}"[:500]
-    finally:
-        if proto_key is not None and _ARRIVALS.get(proto_key) is stamps:
-            del _ARRIVALS[proto_key]
+    except asyncio.CancelledError:
+        _keep_tokens(out, estimated)  # cut off (a drain limit): the tokens that came count
+        raise
+    _keep_tokens(out, estimated)
+    if record.outcome == "ok" and not out.chunk_times:
+        record.outcome = "error"
+        record.error = record.error or "the stream ended without a token"
+    return out
+
+
+def _keep_tokens(out: StreamOutcome, estimated: bool) -> None:
+    """The chunks read so far become the record's per-token times and counts."""
+    record = out.record
     if out.chunk_times:
         record.token_times = expand_chunks(None, out.chunk_times, out.chunk_tokens)
         record.first_token_time = out.chunk_times[0]
     record.output_tokens = sum(out.chunk_tokens)
     record.itl_estimated = estimated
-    if record.outcome == "ok" and not out.chunk_times:
-        record.outcome = "error"
-        record.error = record.error or "the stream ended without a token"
-    return out

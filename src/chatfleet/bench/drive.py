@@ -12,6 +12,11 @@ as attempt k, request id `<id>#k`, each attempt its own record, at most `max_ret
 only while the retry time is inside the window; a user whose request is still shed after that
 stops (as in the twin: it would retry past the window). A shed open-loop session ends.
 
+A payload may build its texts off the event loop (bench.payload.ChatPayload with a TextPool):
+the driver starts each request's build as soon as the request exists (`prefetch`: before an
+open-loop arrival's time; `prepare`: before a user's think time) and awaits it before the send,
+so a build that outlasts the wait shows as send lag, never as loop lag.
+
 The driver also measures itself: send lag (how late each request left against its schedule)
 and event-loop lag (how late a 10 ms timer fires), so a run where the client fell behind can
 be set aside instead of being reported as the server's latency.
@@ -126,6 +131,10 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
     tasks: set[asyncio.Task[None]] = set()
     t_start = time.monotonic()
 
+    # a payload that builds its bodies' texts off the loop (bench.payload.ChatPayload)
+    prepare = getattr(payload, "prepare", None)
+    prefetch = getattr(payload, "prefetch", None)
+
     def request_headers(spec: RequestSpec) -> dict[str, str] | None:
         if session_header is None:
             return headers
@@ -140,7 +149,10 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
             spec = dataclasses.replace(spec, request_id=f"{spec.request_id}#{attempt}",
                                        scheduled_time=spec.scheduled_time if at is None
                                        else at)
+        ready = asyncio.ensure_future(prepare(spec)) if prepare is not None else None
         await clock.sleep_until(spec.scheduled_time)
+        if ready is not None:
+            await ready  # its texts, built off the loop while this request waited its turn
         res.send_lag.append((spec.scheduled_time, max(0.0, (clock.now() - spec.scheduled_time)
                                                       * 1000 / clock.scale)))
         rec = RequestRecord(spec.request_id, spec.session_id, spec.turn,
@@ -210,6 +222,8 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
     else:
         spec = driver.next_arrival(0.0)
         while spec.scheduled_time < window_end and not stop.is_set():
+            if prefetch is not None:
+                prefetch(spec)  # build its texts while it has not arrived yet
             await clock.sleep_until(spec.scheduled_time)
             tasks.add(asyncio.create_task(session_turns(spec)))
             tasks = {t for t in tasks if not t.done()}

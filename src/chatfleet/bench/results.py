@@ -6,7 +6,8 @@ DIR/runs.jsonl                one finished run per line (a chatfleet.sweep/1 poi
 DIR/sweep.json                the chatfleet.sweep/1 document, rewritten atomically per run
 DIR/runs/NNN/telemetry.jsonl  GPU samples of run NNN
 DIR/runs/NNN/engine.jsonl     engine metric scrapes of run NNN
-DIR/runs/NNN/records.jsonl    every request of run NNN (token times included)
+DIR/runs/NNN/records.jsonl    every request of run NNN (token times and the engine's
+                              response id included)
 ```
 
 An interrupted sweep loses nothing that finished: `--resume` reads runs.jsonl and skips every
@@ -16,37 +17,23 @@ An interrupted sweep loses nothing that finished: `--resume` reads runs.jsonl an
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from chatfleet.core.metrics import SLO, sweep_document
+from chatfleet.core.documents.fields import DocumentError
+from chatfleet.core.documents.sweep import SweepDoc, SweepPoint
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.measure.knee import sweep_document
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
+from chatfleet.io import write_json
 
 
-class ResultsError(ValueError):
+class ResultsError(ChatfleetError):
     pass
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def dumps(doc: Any) -> bytes:
-    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
 
 
 class SweepDir:
@@ -61,7 +48,7 @@ class SweepDir:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def start(self, meta: dict[str, Any], resume: bool) -> list[dict[str, Any]]:
+    def start(self, meta: dict[str, Any], resume: bool) -> list[SweepPoint]:
         """Prepare the directory; return the runs already finished (resume) or none."""
         if self.root.exists() and not self.root.is_dir():
             raise ResultsError(f"{self.root} exists and is not a directory")
@@ -78,10 +65,10 @@ class SweepDir:
                     raise ResultsError(
                         f"--resume: the sweep in {self.root} was run with a different {key} "
                         f"({old[key]!r}); start a new --out")
-        write_atomic(self.meta_path, dumps(meta))
+        write_json(self.meta_path, meta)
         return done
 
-    def finished_runs(self) -> list[dict[str, Any]]:
+    def finished_runs(self) -> list[SweepPoint]:
         if not self.runs_path.exists():
             return []
         runs = []
@@ -90,23 +77,27 @@ class SweepDir:
             if not line.strip():
                 continue
             try:
-                runs.append(orjson.loads(line))
+                row = orjson.loads(line)
             except orjson.JSONDecodeError:
                 if i == len(lines) - 1:
                     continue  # a run cut off mid-write: it did not finish
                 raise ResultsError(f"{self.runs_path}: line {i + 1} is not JSON") from None
+            try:
+                runs.append(SweepPoint.from_json(row, f"{self.runs_path}, line {i + 1}"))
+            except DocumentError as exc:
+                raise ResultsError(str(exc)) from None
         return runs
 
-    def append_run(self, point: dict[str, Any]) -> None:
+    def append_run(self, point: SweepPoint) -> None:
         with open(self.runs_path, "ab") as f:
-            f.write(orjson.dumps(point, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            f.write(orjson.dumps(point.to_json(), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
             f.flush()
             os.fsync(f.fileno())
 
     def write_doc(self, target: dict[str, Any], workload: dict[str, Any], slo: SLO,
-                  points: list[dict[str, Any]], cap_margin: int) -> dict[str, Any]:
+                  points: list[SweepPoint], cap_margin: int) -> SweepDoc:
         doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
-        write_atomic(self.doc_path, dumps(doc))
+        write_json(self.doc_path, doc.to_json())
         return doc
 
     def write_records(self, index: int, records: Iterable[RequestRecord]) -> Path:
@@ -119,6 +110,7 @@ class SweepDir:
                     "send_time": r.send_time, "first_token_time": r.first_token_time,
                     "token_times": list(r.token_times), "prompt_tokens": r.prompt_tokens,
                     "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens,
-                    "outcome": r.outcome, "error": r.error,
+                    "outcome": r.outcome, "error": r.error, "response_id": r.response_id,
+                    "itl_estimated": r.itl_estimated,
                 }, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         return path

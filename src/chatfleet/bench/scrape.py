@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,6 +31,8 @@ import aiohttp
 import orjson
 
 from chatfleet.bench.client import Clock
+from chatfleet.core.documents.sweep import EngineBlock
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.engines import EngineAdapter, get_adapter
 from chatfleet.engines.prom import (
     Metrics,
@@ -56,7 +59,7 @@ class EngineScraper:
                  path: str | Path | None = None, timeout_s: float = 5.0,
                  max_records: int = 500_000) -> None:
         if interval_s <= 0:
-            raise ValueError("the scrape interval must be positive")
+            raise ChatfleetError("the scrape interval must be positive")
         self.adapter = get_adapter(adapter) if isinstance(adapter, str) else adapter
         self.urls = [targets] if isinstance(targets, str) else list(targets)
         if not self.urls:
@@ -73,6 +76,9 @@ class EngineScraper:
         self._session = session
         self._own_session = session is None
         self._prev: dict[str, dict[str, Any]] = {}
+        # only what read_metrics reads: parsing a whole page (hundreds of histogram lines on
+        # vLLM) each second would stall the event loop that times every token
+        self._names = self.adapter.scraped_metric_names()
         self._task: asyncio.Task[None] | None = None
         self._file: IO[bytes] | None = None
 
@@ -126,7 +132,7 @@ class EngineScraper:
     async def _scrape(self, url: str) -> dict[str, Any] | None:
         assert self._session is not None
         try:
-            m = await fetch_metrics(self._session, url, self.timeout_s)
+            m = await fetch_metrics(self._session, url, self.timeout_s, self._names)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # counted, never fatal
@@ -142,12 +148,9 @@ class EngineScraper:
             self.dropped += 1
         return row
 
-    def summary(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
-        out = engine_block_from(self.records, start, end)
-        out["failures"] = self.failures
-        if self.last_error is not None:
-            out["last_error"] = self.last_error
-        return out
+    def summary(self, start: float | None = None, end: float | None = None) -> EngineBlock:
+        return replace(engine_block_from(self.records, start, end), failures=self.failures,
+                       last_error=self.last_error)
 
 
 MetricsScraper = EngineScraper
@@ -167,7 +170,7 @@ def record_from(adapter: EngineAdapter, m: Metrics,
 
 
 def engine_block_from(records: Sequence[Mapping[str, Any]], start: float | None = None,
-                      end: float | None = None) -> dict[str, Any]:
+                      end: float | None = None) -> EngineBlock:
     """The contract's engine block from scraped records with start <= t <= end: the largest
     running batch, the longest queue and the highest token usage seen at a scrape (over all
     targets). None where no scrape holds the figure."""
@@ -179,10 +182,6 @@ def engine_block_from(records: Sequence[Mapping[str, Any]], start: float | None 
         return max(vals) if vals else None
 
     running, queue, usage = top("running"), top("queue"), top("token_usage")
-    return {
-        "max_running": int(running) if running is not None else None,
-        "max_queue": int(queue) if queue is not None else None,
-        "peak_token_usage": usage,
-        "scrapes": len(sel),
-        "source": "metrics",
-    }
+    return EngineBlock(max_running=int(running) if running is not None else None,
+                       max_queue=int(queue) if queue is not None else None,
+                       peak_token_usage=usage, scrapes=len(sel), source="metrics")

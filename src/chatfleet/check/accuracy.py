@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 
 from chatfleet import __version__
+from chatfleet.check.gsm8k import extract_model_answer, gsm8k_answer
 from chatfleet.core.accuracy import (
     DIFF_METHOD,
     MCNEMAR_METHOD,
@@ -37,18 +38,17 @@ from chatfleet.core.accuracy import (
     select_indices,
     summarize_target,
 )
-from chatfleet.datasets import extract_model_answer, gsm8k_answer
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.data.paths import gsm8k_test_path
 
 SCHEMA = "chatfleet.accuracy/1"
 PROBE_TIMEOUT_S = 10.0
-GSM8K_ENV = "CHATFLEET_GSM8K"
-# where `--dataset gsm8k` looks, relative to the working directory, after $CHATFLEET_GSM8K
-GSM8K_PLACES = ("data/gsm8k/test.jsonl", "../shared/data/gsm8k/test.jsonl")
+GSM8K_ENV = "CHATFLEET_GSM8K"  # another copy of the split, instead of the one shipped
 Thinking = Literal["off", "on", "server"]
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+/-]*")
 
 
-class AccuracyInputError(ValueError):
+class AccuracyInputError(ChatfleetError):
     """Bad input to `chatfleet accuracy` (a one-line message)."""
 
 
@@ -109,18 +109,26 @@ def parse_named_paths(texts: Sequence[str], names: Sequence[str], what: str) -> 
     return out
 
 
+def gsm8k_split() -> Path:
+    """The GSM8K test split: $CHATFLEET_GSM8K where set, else the copy shipped with chatfleet."""
+    env = os.environ.get(GSM8K_ENV)
+    path = Path(env) if env else gsm8k_test_path()
+    if not path.is_file():
+        where = f"${GSM8K_ENV} ({env})" if env else f"the package's copy ({path})"
+        raise AccuracyInputError(f"the GSM8K test split is not at {where}")
+    return path
+
+
 def resolve_dataset(spec: str) -> tuple[str, Path]:
-    """``gsm8k`` (found through $CHATFLEET_GSM8K, ./data/gsm8k/test.jsonl or
-    ../shared/data/gsm8k/test.jsonl) or the path of a GSM8K or prompts file: (name, path)."""
+    """``gsm8k`` (the test split shipped with chatfleet, or $CHATFLEET_GSM8K where set) or the
+    path of a GSM8K or prompts file: (name, path); the name never depends on the working
+    directory."""
     if spec.strip().lower() == "gsm8k":
-        env = os.environ.get(GSM8K_ENV)
-        places = ([env] if env else []) + list(GSM8K_PLACES)
-        for place in places:
-            if Path(place).is_file():
-                return "gsm8k", Path(place)
-        raise AccuracyInputError(f"--dataset gsm8k: the GSM8K test split is not at "
-                                 f"{' or '.join(places)}; pass its path (--dataset PATH) or "
-                                 f"set {GSM8K_ENV}")
+        try:
+            return "gsm8k", gsm8k_split()
+        except AccuracyInputError as exc:
+            raise AccuracyInputError(f"--dataset gsm8k: {exc}; pass its path "
+                                     "(--dataset PATH)") from None
     path = Path(spec)
     if not path.is_file():
         raise AccuracyInputError(f"--dataset {spec!r}: no such file (give gsm8k or the path of "
@@ -181,19 +189,24 @@ class AnswerRow:
 
 
 async def probe(session: aiohttp.ClientSession, target: Target) -> str | None:
-    """GET /v1/models: the first model id (None if it lists none); unreachable raises."""
+    """GET /v1/models: the first model id (None if it lists none); unreachable, or a 404
+    there (not an OpenAI-compatible server), raises."""
+    status = 0
     try:
         async with session.get(target.url + "/v1/models",
                                timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-            if resp.status != 200:
-                return None
-            body = await resp.json(content_type=None)
+            status = resp.status
+            body = await resp.json(content_type=None) if status == 200 else None
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         why = str(exc) or type(exc).__name__
         raise AccuracyInputError(f"target {target.name} ({target.url}) is unreachable: "
                                  f"{why}") from None
     except ValueError:
         return None
+    if status == 404:  # a wrong port or path: every question would fail
+        raise AccuracyInputError(f"target {target.name} ({target.url}) answers 404 for "
+                                 "/v1/models: not an OpenAI-compatible server (give its base "
+                                 "URL, without /v1)")
     data = body.get("data") if isinstance(body, dict) else None
     if isinstance(data, list) and data and isinstance(data[0], dict):
         mid = data[0].get("id")

@@ -11,14 +11,30 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from chatfleet.check.accuracy import (
+    AccuracyInputError,
+    AnswerLog,
+    AnswerRow,
+    AskConfig,
+    answers_path,
+    ask_all,
+    build_result,
+    load_dataset,
+    parse_named_paths,
+    parse_targets,
+    resolve_dataset,
+    sample,
+)
 from chatfleet.cli.common import (
+    check_output_file,
     clean_errors,
     console,
     fail,
     out,
     print_json,
-    write_json_atomic,
 )
+from chatfleet.engines import get_adapter
+from chatfleet.io import write_json
 
 THINKING_CHOICES = ("off", "on", "server")
 
@@ -29,8 +45,8 @@ def accuracy(
         "the reference. Name targets after their precision (bf16, fp8, or W/KV such as "
         "fp8/bf16): `chatfleet plan --accuracy FILE` matches names to precisions."),
     dataset: str = typer.Option(
-        "gsm8k", help="gsm8k (the test split: $CHATFLEET_GSM8K, ./data/gsm8k/test.jsonl or "
-        "../shared/data/gsm8k/test.jsonl), or the path of a GSM8K or prompts JSON Lines file "
+        "gsm8k", help="gsm8k (the test split shipped with chatfleet; $CHATFLEET_GSM8K names "
+        "another copy), or the path of a GSM8K or prompts JSON Lines file "
         "({\"prompt\": ..., \"answer\": ...} per line)."),
     n: int | None = typer.Option(None, "--n", help="Ask a sample of n questions (drawn with "
                                  "--seed); default: all of them."),
@@ -63,22 +79,6 @@ def accuracy(
     Wilson 95% intervals per target; against the first target, an exact McNemar test and
     Newcombe's interval on the paired difference, judged against --margin (docs/accuracy.md).
     """
-    from chatfleet.check.accuracy import (
-        AccuracyInputError,
-        AnswerLog,
-        AnswerRow,
-        AskConfig,
-        answers_path,
-        ask_all,
-        build_result,
-        load_dataset,
-        parse_named_paths,
-        parse_targets,
-        resolve_dataset,
-        sample,
-    )
-    from chatfleet.engines import get_adapter
-
     with clean_errors():
         targets = parse_targets(target)
         if n is not None and n < 1:
@@ -95,6 +95,7 @@ def accuracy(
             fail(f"--thinking must be one of {', '.join(THINKING_CHOICES)}")
         if resume and out_file is None:
             fail("--resume needs --out FILE")
+        check_output_file(out_file, "--out")
         if engine.strip().lower() not in ("sglang", "vllm"):
             fail("--engine must be sglang or vllm")
         adapter = get_adapter(engine)
@@ -143,7 +144,7 @@ def accuracy(
                            targets=targets, rows=result.rows, cfg=cfg, engine_logs=engine_logs,
                            models=result.models)
         if out_file is not None:
-            write_json_atomic(out_file, doc)
+            write_json(out_file, doc)
     if as_json:
         print_json(doc)
     else:

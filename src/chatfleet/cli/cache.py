@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from chatfleet.cli.common import (
+    check_output_file,
     clean_errors,
     console,
     fail,
@@ -20,27 +22,29 @@ from chatfleet.cli.common import (
     load_model,
     out,
     print_json,
-    write_json_atomic,
+    uncalibrated_note,
 )
-from chatfleet.core.cache_analysis import (
+from chatfleet.core.cache.recommend import cache_document, summarize
+from chatfleet.core.cache.replay import CacheConfig, unbounded_pool
+from chatfleet.core.cache.trace import (
     UNIQUE_ID_BASE,
-    CacheConfig,
     SyntheticConfig,
     Turn,
     answer_ids,
-    cache_document,
     check_trace,
     count_prompt_ids,
-    replay,
     sort_trace,
-    summarize,
     synthetic_trace,
-    unbounded_pool,
 )
+from chatfleet.core.documents.cache import CacheDoc, CacheResult
 from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.engine.radix import EVICTION_POLICIES
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.jsonl import json_objects
 from chatfleet.core.specs import precision
+from chatfleet.data.tokenizer import load_qwen_tokenizer
+from chatfleet.io import write_json
+from chatfleet.twin.cache_replay import replay
 
 
 def parse_sizes(text: str, what: str, allow_zero: bool = False) -> list[int]:
@@ -78,17 +82,23 @@ def parse_policies(text: str) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _int_field(rec: dict[str, Any], key: str, where: str, minimum: int) -> int:
+def _int_field(rec: dict[str, Any], key: str, where: str, minimum: int,
+               maximum: int | None = None) -> int:
     v = rec[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{where}: {key!r} must be an integer >= {minimum}, got {v!r}")
+        raise ChatfleetError(f"{where}: {key!r} must be an integer >= {minimum}, got {v!r}")
+    if maximum is not None and v > maximum:
+        raise ChatfleetError(f"{where}: {key!r} is {v} tokens, more than the model's context "
+                             f"of {maximum}")
     return v
 
 
-def load_trace_file(path: Path, shared_prefix_tokens: int,
-                    default_answer_tokens: int) -> list[Turn]:
+def load_trace_file(path: Path, shared_prefix_tokens: int, default_answer_tokens: int,
+                    context_tokens: int | None = None) -> list[Turn]:
     """JSON Lines, one turn a line: session, turn, time (s), prompt_tokens (ids, or a count)
-    or text, optional output_tokens. See docs/cache.md for how counts become token ids."""
+    or text, optional output_tokens. See docs/cache.md for how counts become token ids. A
+    count above `context_tokens` (the model's context) is refused: no engine serves it, and
+    its ids would have to be made."""
     if not path.exists():
         raise FileNotFoundError(2, "no such file", str(path))
     rows: list[tuple[str, int, float, Any, int | None]] = []
@@ -98,20 +108,20 @@ def load_trace_file(path: Path, shared_prefix_tokens: int,
         for where, rec in json_objects(f, str(path)):
             for key in ("session", "turn", "time"):
                 if key not in rec:
-                    raise ValueError(f"{where}: missing {key!r}")
+                    raise ChatfleetError(f"{where}: missing {key!r}")
             session = rec["session"]
             if not isinstance(session, (str, int)) or isinstance(session, bool):
-                raise ValueError(f"{where}: 'session' must be a string or an integer")
+                raise ChatfleetError(f"{where}: 'session' must be a string or an integer")
             turn = _int_field(rec, "turn", where, 0)
             t = rec["time"]
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
                     or t < 0:
-                raise ValueError(f"{where}: 'time' must be a number of seconds >= 0, got {t!r}")
+                raise ChatfleetError(f"{where}: 'time' must be a number of seconds >= 0, got {t!r}")
             ident = (str(session), turn)
             if ident in seen:
-                raise ValueError(f"{where}: session {session!r} turn {turn} appears twice")
+                raise ChatfleetError(f"{where}: session {session!r} turn {turn} appears twice")
             seen.add(ident)
-            out_tokens = (_int_field(rec, "output_tokens", where, 1)
+            out_tokens = (_int_field(rec, "output_tokens", where, 1, context_tokens)
                           if rec.get("output_tokens") is not None else None)
             prompt: Any
             if "prompt_tokens" in rec:
@@ -119,26 +129,24 @@ def load_trace_file(path: Path, shared_prefix_tokens: int,
                 if isinstance(p, list):
                     if not p or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
                                         for x in p):
-                        raise ValueError(f"{where}: 'prompt_tokens' must be a non-empty list of "
-                                         f"token ids (integers >= 0) or a count")
+                        raise ChatfleetError(f"{where}: 'prompt_tokens' must be a non-empty "
+                                             "list of token ids (integers >= 0) or a count")
                     prompt = array("q", p)
                 else:
-                    prompt = _int_field(rec, "prompt_tokens", where, 1)
+                    prompt = _int_field(rec, "prompt_tokens", where, 1, context_tokens)
             elif "text" in rec:
                 if not isinstance(rec["text"], str) or not rec["text"]:
-                    raise ValueError(f"{where}: 'text' must be a non-empty string")
+                    raise ChatfleetError(f"{where}: 'text' must be a non-empty string")
                 if tokenizer is None:
-                    from chatfleet.datasets import load_qwen_tokenizer
-
                     tokenizer = load_qwen_tokenizer()
                 prompt = array("q", tokenizer.encode(rec["text"]))
                 if not prompt:
-                    raise ValueError(f"{where}: 'text' tokenizes to nothing")
+                    raise ChatfleetError(f"{where}: 'text' tokenizes to nothing")
             else:
-                raise ValueError(f"{where}: give 'prompt_tokens' (ids or a count) or 'text'")
+                raise ChatfleetError(f"{where}: give 'prompt_tokens' (ids or a count) or 'text'")
             rows.append((str(session), turn, float(t), prompt, out_tokens))
     if not rows:
-        raise ValueError(f"{path}: no turns in the file")
+        raise ChatfleetError(f"{path}: no turns in the file")
     by_session: dict[str, list[tuple[str, int, float, Any, int | None]]] = {}
     for r in rows:
         by_session.setdefault(r[0], []).append(r)
@@ -161,30 +169,30 @@ def load_trace_file(path: Path, shared_prefix_tokens: int,
 # --------------------------------------------------------------------------------------------
 
 
-def _by_turn(values: list[float]) -> str:
+def _by_turn(values: Sequence[float]) -> str:
     return " ".join(f"{v:.2f}" for v in values)
 
 
-def results_table(doc: dict[str, Any]) -> Table:
+def results_table(doc: CacheDoc) -> Table:
     t = Table(title="prefix cache: hit rate per turn (turn 1 first) against an unbounded pool",
-              caption=f"holds: every turn within {doc['hold_tolerance']:.2f} of the unbounded "
-                      f"pool; thrash: later turns {doc['thrash_gap']:.2f} or more below it; "
-                      f"TTFT estimated (ms)")
+              caption=f"holds: every turn within {doc.hold_tolerance:.2f} of the unbounded "
+                      f"pool; thrash: later turns {doc.thrash_gap:.2f} or more below it; "
+                      f"TTFT from the twin's scheduler (ms)")
     for col, just in (("pool", "right"), ("policy", "left"), ("host", "right"),
                       ("hit rate", "right"), ("by turn", "left"), ("evicted+returned", "right"),
                       ("TTFT p50", "right"), ("TTFT p99", "right"), ("verdict", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
-    for r in doc["results"]:
-        verdict = "holds" if r["holds"] else ("thrashes" if r["thrashes"] else
-                                              f"short at {r['short_turns']}")
-        t.add_row(str(r["pool_tokens"]), r["policy"], str(r["host_pool_tokens"]),
-                  f"{r['hit_rate']:.3f}", _by_turn(r["hit_rate_by_turn"]),
-                  str(r["evicted_then_returned"]), f"{r['ttft_ms']['p50']:.0f}",
-                  f"{r['ttft_ms']['p99']:.0f}", verdict)
+    for r in doc.results:
+        verdict = "holds" if r.holds else ("thrashes" if r.thrashes else
+                                           f"short at {list(r.short_turns)}")
+        t.add_row(str(r.pool_tokens), r.policy, str(r.host_pool_tokens),
+                  f"{r.hit_rate:.3f}", _by_turn(r.hit_rate_by_turn),
+                  str(r.evicted_then_returned), f"{r.ttft_ms.p50:.0f}",
+                  f"{r.ttft_ms.p99:.0f}", verdict)
     return t
 
 
-# the synthetic trace's defaults: one place (core/cache_analysis.py), the CLI shows them
+# the synthetic trace's defaults: one place (core/cache/trace.py), the CLI shows them
 SYNTH = SyntheticConfig()
 
 
@@ -234,14 +242,21 @@ def cache(
     policies = parse_policies(policy)
     hosts = parse_sizes(host_pool_tokens, "--host-pool-tokens", allow_zero=True)
     with clean_errors():
+        check_output_file(out_path, "--out")
         spec = EngineSpec(gpu=load_gpu(gpu), model=load_model(model),
                           precision=precision(weights, kv_cache))
         step_model = step_time_model(spec)
         card_pool = spec.pool_plan().kv_pool_tokens
+        context = spec.model.max_position_embeddings
+        for flag, tokens in (("--system-prompt-tokens", system_prompt_tokens),
+                             ("--user-tokens", user_tokens), ("--answer-tokens", answer_tokens)):
+            if tokens > context:  # no engine serves it, and its token ids would be made
+                fail(f"{flag} {tokens} is more than {spec.model.name}'s context of {context} "
+                     "tokens")
         if trace is not None:
             if system_prompt_tokens < 0 or answer_tokens <= 0:
                 fail("--system-prompt-tokens must be >= 0 and --answer-tokens positive")
-            turns_list = load_trace_file(trace, system_prompt_tokens, answer_tokens)
+            turns_list = load_trace_file(trace, system_prompt_tokens, answer_tokens, context)
             trace_info: dict[str, Any] = {"kind": "file", "path": str(trace),
                                           "shared_prefix_tokens_of_counts": system_prompt_tokens,
                                           "default_answer_tokens": answer_tokens}
@@ -262,37 +277,40 @@ def cache(
             prompt_tokens=sum(t.prompt_len for t in turns_list),
             span_s=round(max(t.time for t in turns_list) - min(t.time for t in turns_list), 1),
         )
-        target = {"gpu": spec.gpu.name, "model": spec.model.name, "weights": weights,
+        target = {"gpu": spec.gpu.name, "calibrated": spec.is_calibrated,
+                  "model": spec.model.name, "weights": weights,
                   "kv_cache": kv_cache, "card_pool_tokens": card_pool,
-                  "ttft_model": "chunked prefill of the uncached tokens at batch 1 plus host "
-                                "load-back over PCIe, plus any wait for pool room"}
+                  "ttft_model": "the twin's scheduler (SGLang v0.5 model) in virtual time: "
+                                "queueing for pool room and behind other prefills, chunked "
+                                "prefill-first batches, host load-back over PCIe"}
         grid = [(p, pol, h) for p in pools for pol in policies for h in hosts]
-        results: list[dict[str, Any]] = []
+        results: list[CacheResult] = []
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task("replaying the trace", total=len(grid) + 1)
-            reference = replay(turns_list, CacheConfig(unbounded_pool(turns_list)), step_model)
+            reference = replay(turns_list, CacheConfig(unbounded_pool(turns_list)), spec)
             bar.advance(task)
             for p, pol, h in grid:
                 bar.update(task, description=f"pool {p}, {pol}, host {h}")
-                results.append(summarize(replay(turns_list, CacheConfig(p, pol, h),
-                                                step_model)))
+                results.append(summarize(replay(turns_list, CacheConfig(p, pol, h), spec)))
                 bar.advance(task)
         doc = cache_document(trace_info, target, reference, results, card_pool)
         if out_path is not None:
-            write_json_atomic(out_path, doc)
+            write_json(out_path, doc.to_json())
     if as_json:
-        print_json(doc)
+        print_json(doc.to_json())
         return
-    ws = doc["working_set_tokens"]
-    out.print(f"trace: {trace_info['sessions']} sessions, {trace_info['requests']} turns over "
-              f"{trace_info['span_s'] / 60:.1f} min; working set peak {ws['peak']} tokens, "
-              f"mean {ws['mean']:.0f}; unbounded pool hit rate "
-              f"{doc['unbounded']['hit_rate']:.3f} "
-              f"({_by_turn(doc['unbounded']['hit_rate_by_turn'])})")
+    ws = doc.working_set_tokens
+    out.print(f"trace: {doc.trace.sessions} sessions, {doc.trace.requests} turns over "
+              f"{doc.trace.span_s / 60:.1f} min; working set peak {ws.peak} tokens, "
+              f"mean {ws.mean:.0f}; unbounded pool hit rate "
+              f"{doc.unbounded.hit_rate:.3f} "
+              f"({_by_turn(doc.unbounded.hit_rate_by_turn)})")
     out.print(results_table(doc))
-    rec = doc["recommendation"]
-    out.print(f"recommendation: pool {rec['pool_tokens']} tokens, {rec['policy']}, host tier "
-              f"{rec['host_pool_tokens'] or 'off'}: {rec['reason']}")
+    if not spec.is_calibrated:
+        out.print(f"[yellow]{uncalibrated_note(spec.gpu.name)}[/]", highlight=False)
+    rec = doc.recommendation
+    out.print(f"recommendation: pool {rec.pool_tokens} tokens, {rec.policy}, host tier "
+              f"{rec.host_pool_tokens or 'off'}: {rec.reason}")
     if out_path is not None:
         out.print(f"wrote {out_path}")

@@ -1,24 +1,35 @@
-"""Shared pieces of the command line: spec lookup, clean errors, atomic JSON writes."""
+"""Shared pieces of the command line: spec lookup, clean errors, printing JSON."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-import orjson
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import GPU, Model, SpecError, builtin_model, get_gpu, model_from_config
-from chatfleet.core.workload import WorkloadError
+from chatfleet.io import dumps
 
 console = Console(stderr=True)
 # tables are wide: keep them whole when stdout is a pipe or a file
 out = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def uncalibrated_note(gpu: str) -> str:
+    """The line every text answer prints under figures the twin or the pool sizing gives for a
+    card no measurement is behind (every card but the L4; JSON says `calibrated: false`)."""
+    return (f"uncalibrated: the twin and the pool sizing have no {gpu} measurement: they apply "
+            f"the L4's fitted constants to the {gpu} datasheet (docs/calibration.md#other-gpus); "
+            "`chatfleet twin calibrate` fits a profile from a live sweep")
 
 
 @contextmanager
@@ -45,6 +56,23 @@ def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
         yield update
 
 
+class Command(TyperCommand):
+    """A chatfleet command: a float flag given as nan or inf (which its parser takes as numbers)
+    is refused as a usage error (exit 2) before the command runs, since no flag means either.
+    Every command is registered with `cls=Command`."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        param: Any
+        for param in self.params:
+            value = ctx.params.get(param.name)
+            values = value if isinstance(value, (list, tuple)) else (value,)
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                raise typer.BadParameter(f"{value} is not a finite number: give a number",
+                                         ctx=ctx, param=param)
+        return rest
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code)
@@ -52,16 +80,68 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 @contextmanager
 def clean_errors() -> Iterator[None]:
-    """Bad input becomes a one-line error and exit status 2, never a traceback."""
+    """Bad input (a `ChatfleetError`) becomes a one-line error and exit status 2, never a
+    traceback. Any other exception, a `ValueError` from numpy or `int("x")` included, is a bug
+    and keeps its traceback."""
     try:
         yield
-    except (SpecError, WorkloadError, ValueError) as exc:
+    except ChatfleetError as exc:
         fail(str(exc))
+    except UnicodeDecodeError as exc:  # a file read as text that is not (a binary file)
+        fail(f"not UTF-8 text: a file given is binary or in another encoding ({exc.reason} "
+             f"at byte {exc.start})")
     except FileNotFoundError as exc:
         fail(f"file not found: {exc.filename}")
+    except OSError as exc:  # a path given that is a folder, not a folder, or not ours to use
+        if exc.filename is None:
+            raise
+        fail(path_error(exc))
     except KeyboardInterrupt:
         console.print("interrupted: finished results are kept")
         raise typer.Exit(130) from None
+
+
+def path_error(exc: OSError) -> str:
+    """The one line for a file operation that failed on a path the user gave."""
+    path = exc.filename2 or exc.filename
+    if isinstance(exc, IsADirectoryError):
+        return f"{path} is a folder: give the path of a file"
+    if isinstance(exc, NotADirectoryError):
+        return f"{path}: part of the path is a file, not a folder"
+    if isinstance(exc, PermissionError):
+        return f"{path}: permission denied: give a path you may read or write"
+    return f"cannot use {path}: {exc.strerror or exc}"
+
+
+def check_output_file(path: Path | None, flag: str) -> None:
+    """Before any work: an output file that cannot be written is one line now, not an error
+    once the work is done (and its results lost)."""
+    if path is None:
+        return
+    if path.is_dir():
+        fail(f"{flag} {path} is a folder: give the path of a file")
+    _check_writable(path.parent, f"{flag} {path}")
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Before any work: a folder to write into must be one, or be one we can make."""
+    if path.exists() and not path.is_dir():
+        fail(f"{flag} {path} is a file, not a folder: give a folder")
+    _check_writable(path, f"{flag} {path}")
+
+
+def _check_writable(folder: Path, given: str) -> None:
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        fail(f"{given}: {existing} is a file, not a folder")
+    try:  # a file made and removed at once: os.access says yes to root even under /proc
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        fail(f"{given}: cannot write in {existing} ({exc.strerror or exc}): give a folder you "
+             "may write to")
 
 
 def load_gpu(name: str) -> GPU:
@@ -93,18 +173,10 @@ def parse_list(text: str, cast: Callable[[str], Any], what: str) -> list[Any]:
         fail(f"{what} must be a comma-separated list of numbers, not {text!r}")
     if not values:
         fail(f"{what} is empty")
-    if any(v <= 0 for v in values):
-        fail(f"every {what} must be positive")
+    if any(not (math.isfinite(v) and v > 0) for v in values):
+        fail(f"every {what} must be a positive number, not {text!r}")
     return values
 
 
-def write_json_atomic(path: Path, doc: Any) -> None:
-    """Write `doc` so that a reader (or a crash) never sees a half-written file."""
-    from chatfleet.bench.results import dumps, write_atomic
-
-    write_atomic(path, dumps(doc))
-
-
 def print_json(doc: Any) -> None:
-    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2
-                                  | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+    sys.stdout.write(dumps(doc).decode() + "\n")

@@ -10,11 +10,21 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from chatfleet.cli.common import clean_errors, console, fail, out, print_json, progress_bars
-from chatfleet.cli.plan import pool_table, print_answer
-from chatfleet.cli.twin import fmt
+from chatfleet.cli.common import (
+    check_output_dir,
+    clean_errors,
+    console,
+    fail,
+    out,
+    print_json,
+    progress_bars,
+)
+from chatfleet.cli.options import MAX_PLAN_USERS
+from chatfleet.cli.render import fmt, pool_table, print_answer
+from chatfleet.core.defaults import SEED
 from chatfleet.core.memory import plan_pool
 from chatfleet.core.specs import builtin_model, get_gpu
+from chatfleet.jobs.demo import DemoConfig, run_demo
 
 
 def demo(
@@ -25,16 +35,17 @@ def demo(
     overload: float = typer.Option(2.0, help="Live load in multiples of the fleet's cap."),
     cap_margin: int = typer.Option(0, help="Gateway cap this many grid steps below the knee."),
     live: bool = typer.Option(True, "--live/--no-live", help="Run the live part."),
-    seed: int = typer.Option(1, help="Base seed."),
+    seed: int = typer.Option(SEED, help="Base seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Answer the question for Qwen3-8B on L4 with the twin (no GPU needed), prove it live on
     simserver replicas behind the gateway, and write the HTML report."""
-    from chatfleet.demo import DemoConfig, run_demo
-
     with clean_errors():
         if users < 1 or live_seconds <= 0 or overload <= 0 or cap_margin < 0:
             fail("--users, --live-seconds and --overload must be positive, --cap-margin >= 0")
+        check_output_dir(out_dir, "--out")
+        if users > MAX_PLAN_USERS:
+            fail(f"--users {users}: at most {MAX_PLAN_USERS:,} (the plan lists every replica)")
         cfg = DemoConfig(out=out_dir, users=users, live_s=live_seconds, overload=overload,
                          cap_margin=cap_margin, seed=seed, live=live)
         if not as_json:
@@ -62,7 +73,7 @@ def print_live(live: dict[str, Any]) -> None:
         t.add_column(col, justify="right")
     for side in ("live", "twin"):
         s = live[side]
-        t.add_row(side, str(s["offered"]), str(s["completed"]), str(s["shed"]), str(s["failed"]),
+        t.add_row(side, str(s["attempts"]), str(s["completed"]), str(s["shed"]), str(s["failed"]),
                   fmt(s["admitted_attainment"], ".3f"), fmt(s["attainment"], ".3f"),
                   fmt(s["ttft_p99_ms"], ".0f"), fmt(s["tpot_p99_ms"], ".0f"))
     out.print(t)

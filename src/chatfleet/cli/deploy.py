@@ -6,14 +6,30 @@ from pathlib import Path
 
 import typer
 
-from chatfleet.cli.common import console, fail, out, print_json
-from chatfleet.deploy.k8s import DEFAULT_IMAGE_CHATFLEET, DEFAULT_IMAGE_SGLANG
+from chatfleet.cli.common import (
+    Command,
+    check_output_dir,
+    clean_errors,
+    console,
+    fail,
+    out,
+    print_json,
+)
+from chatfleet.deploy.k8s import (
+    DEFAULT_IMAGE_CHATFLEET,
+    DEFAULT_IMAGE_SGLANG,
+    K8sOptions,
+    manifests,
+    plan_from_file,
+    plan_from_flags,
+    write,
+)
 
 deploy_app = typer.Typer(help="Deployment files: Kubernetes manifests, Prometheus, Grafana.",
                          no_args_is_help=True)
 
 
-@deploy_app.command("k8s")
+@deploy_app.command("k8s", cls=Command)
 def k8s(
     out_dir: Path = typer.Option(..., "--out", help="Folder to write the files into."),
     plan: Path | None = typer.Option(None, help="A `chatfleet plan --json` document: the "
@@ -41,16 +57,8 @@ def k8s(
 ) -> None:
     """Kubernetes manifests for SGLang on L4 nodes behind the gateway, with Redis, a
     Prometheus scrape config and a Grafana dashboard."""
-    from chatfleet.deploy.k8s import (
-        DeployError,
-        K8sOptions,
-        manifests,
-        plan_from_file,
-        plan_from_flags,
-        write,
-    )
-
-    try:
+    with clean_errors():  # a DeployError, a binary or missing file: one line, exit 2
+        check_output_dir(out_dir, "--out")
         if plan is not None:
             given = [f for f, v in (("--cap", cap), ("--weights", weights),
                                     ("--kv-cache", kv_cache), ("--model-path", model_path),
@@ -72,8 +80,6 @@ def k8s(
                           image_chatfleet=image_chatfleet)
         files = manifests(p, opts)
         paths = write(out_dir, files)
-    except DeployError as exc:
-        fail(str(exc))
     if as_json:
         print_json({"out": str(out_dir), "files": [str(x) for x in paths],
                     "replicas": p.replicas, "gateways": gateways, "cap": p.cap,

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import typer
 
-from chatfleet.cli.common import console, fail, out
+from chatfleet.cli.common import clean_errors, console, fail, out
+from chatfleet.gateway.app import Gateway, step_time_for
+from chatfleet.gateway.config import ConfigError, Overrides, cap_from_sweep, load_config
+from chatfleet.gateway.config import hash_key as do_hash
+from chatfleet.gateway.server import start
+from chatfleet.gateway.state import backend_from
+from chatfleet.serverlog import setup_logging
 
 
 def gateway(
@@ -27,6 +33,10 @@ def gateway(
                                        "and reloaded when it changes."),
     state: str = typer.Option("memory", help="Where gateways share caps and sessions: memory "
                               "(one gateway) or redis://HOST:PORT/DB (several)."),
+    gateways: int | None = typer.Option(None, help="How many gateways share --state (the "
+                                        "config's state.gateways): without Redis each serves "
+                                        "cap // N, and a new one serves at once instead of "
+                                        "waiting a lease TTL for its share."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(8080, help="Port to bind (0: any free port)."),
     hash_key: bool = typer.Option(False, "--hash-key", help="Read an API key on stdin, print "
@@ -34,9 +44,6 @@ def gateway(
 ) -> None:
     """Serve replicas behind a cap at the knee, one queue with 429 + Retry-After, session
     affinity and a byte-identical shared prompt."""
-    from chatfleet.gateway.config import ConfigError, Overrides, cap_from_sweep, load_config
-    from chatfleet.gateway.config import hash_key as do_hash
-
     if hash_key:
         key = sys.stdin.readline().strip()
         if not key:
@@ -45,30 +52,28 @@ def gateway(
         return
     if not 0 <= port <= 65535:
         fail(f"--port {port} is outside 0..65535")
-    try:
+    with clean_errors():
         if cap_from is not None:
             if cap is not None:
                 fail("give --cap or --cap-from, not both")
             cap = cap_from_sweep(cap_from)
-        overrides = Overrides(tuple(replica), cap, queue_depth)
+        overrides = Overrides(tuple(replica), cap, queue_depth, gateways)
         cfg = overrides.apply(load_config(config))
-        from chatfleet.gateway.app import Gateway, step_time_for
-        from chatfleet.gateway.state import backend_from
-
-        backend = backend_from(state, cfg.state.timeout_s, cfg.state.lease_ttl_s)
+        backend = backend_from(state, cfg.state.timeout_s)
         gw = Gateway(cfg, config_path=config, overrides=overrides,
                      step_time=step_time_for(cfg), state=backend)
-    except (ConfigError, ValueError) as exc:
-        fail(str(exc))
 
     async def main() -> None:
-        from chatfleet.gateway.server import start
+        setup_logging()
 
         running = await start(gw, host, port)
         out.print(running.url, highlight=False)
         auth = f"{len(cfg.keys)} API keys" if cfg.keys else "no API keys (open)"
         where = "in process" if not backend.shared else state
-        up = "" if gw.shared.up else " (unreachable: local share of each cap until it answers)"
+        up = "" if gw.shared.up or not backend.shared else (
+            f" (unreachable: cap // {cfg.state.gateways} of each replica until it answers)"
+            if cfg.state.gateways else " (unreachable: nothing is served until it answers; "
+            "set state.gateways to serve a share without it)")
         console.print(f"gateway: {len(cfg.replicas)} replicas, cap {cfg.cap} each, queue "
                       f"{cfg.queue_depth}, {auth}, shared prompt {cfg.shared_prompt.mode}, "
                       f"state {where}{up}; Ctrl-C stops, SIGHUP reloads the config")

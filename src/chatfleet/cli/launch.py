@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 from pathlib import Path
 from types import FrameType
@@ -10,7 +11,18 @@ from types import FrameType
 import typer
 from rich.table import Table
 
-from chatfleet.cli.common import console, fail, out, print_json
+from chatfleet.cli.common import (
+    check_output_dir,
+    clean_errors,
+    console,
+    fail,
+    load_gpu,
+    out,
+    path_error,
+    print_json,
+)
+from chatfleet.core.specs import precision
+from chatfleet.deploy.launcher import ChildFailed, Interrupted, Launcher, LaunchError, LaunchSpec
 
 
 class _StopFlag:
@@ -63,30 +75,23 @@ def launch(
 ) -> None:
     """Run Redis, M replicas and N gateways here; stop them all, in reverse order, on Ctrl-C
     or SIGTERM."""
-    from chatfleet.deploy.launcher import (
-        ChildFailed,
-        Interrupted,
-        Launcher,
-        LaunchError,
-        LaunchSpec,
-    )
-
     spec = LaunchSpec(gateways=gateways, replicas=replicas, engine=engine,
                       engine_cmd=engine_cmd, redis=redis, cap=cap, cap_from=cap_from,
                       queue_depth=queue_depth, host=host, port=port, replica_port=replica_port,
                       gpu=gpu, weights=weights, kv_cache=kv_cache, time_scale=time_scale,
                       config=config, log_dir=log_dir, ready_timeout_s=ready_timeout)
-    if engine == "simserver":
-        from chatfleet.cli.common import clean_errors, load_gpu
-        from chatfleet.core.specs import precision
-
-        with clean_errors():  # the simserver's own options, checked before anything starts
+    with clean_errors():  # every option (an unreadable --cap-from or --config too) is one line
+        if engine == "simserver":  # the simserver's own options, checked before anything starts
             load_gpu(gpu)
             precision(weights, kv_cache)
-    try:
+        if log_dir is not None:
+            check_output_dir(log_dir, "--log-dir")
+        try:
+            socket.getaddrinfo(host, None)
+        except OSError:
+            fail(f"--host {host!r} is not an address: give one of this machine's (127.0.0.1, "
+                 "0.0.0.0, ...)")
         launcher = Launcher(spec)
-    except LaunchError as exc:
-        fail(str(exc))
     stop = _StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     console.print(f"launch: logs in {launcher.log_dir}")
@@ -113,6 +118,10 @@ def launch(
         code = 1
     except LaunchError as exc:
         console.print(f"[bold red]error:[/] {exc}")
+        code = 2
+    except OSError as exc:  # a log folder or an address the children cannot have
+        console.print(f"[bold red]error:[/] cannot launch: "
+                      f"{path_error(exc) if exc.filename else exc}")
         code = 2
     finally:
         for child, status in launcher.stop():

@@ -4,13 +4,12 @@ precision, the caps, the fleet, doubled traffic, launch commands, the gateway co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
-import yaml
 from rich.table import Table
 
 from chatfleet.cli.common import (
+    check_output_file,
     clean_errors,
     fail,
     load_gpu,
@@ -19,11 +18,17 @@ from chatfleet.cli.common import (
     parse_list,
     print_json,
     progress_bars,
-    write_json_atomic,
+    uncalibrated_note,
 )
-from chatfleet.cli.twin import fmt
-from chatfleet.core.memory import PoolPlan, plan_pool
-from chatfleet.core.metrics import SLO
+from chatfleet.cli.options import MAX_PLAN_USERS, read_sweep_file
+from chatfleet.cli.render import gateway_yaml, pool_table, print_answer
+from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
+from chatfleet.core.memory import REQUEST_TOKENS, plan_pool, plan_vllm_pool
+from chatfleet.core.metrics import SLO, load_value
+from chatfleet.core.workload import LengthSpec, SessionProfile
+from chatfleet.io import write_atomic, write_json
+from chatfleet.jobs.plan import PlanRequest, make_plan, parse_precisions
+from chatfleet.report.load import number, read_json
 
 
 def plan(
@@ -34,9 +39,12 @@ def plan(
     kv_cache: str = typer.Option("bf16", "--kv-cache", help="Pool sizing only: KV cache "
                                  "precision, bf16 or fp8."),
     mem_fraction: float | None = typer.Option(
-        None, help="SGLang's --mem-fraction-static; default: SGLang's rule for the card."),
-    request_tokens: int = typer.Option(640, help="Pool sizing only: tokens one request adds."),
-    system_prompt_tokens: int = typer.Option(2048, help="Tokens of the shared system prompt."),
+        None, help="SGLang's --mem-fraction-static; default: SGLang's rule for the card (the "
+        "vLLM model: --gpu-memory-utilization, default 0.9)."),
+    request_tokens: int = typer.Option(
+        REQUEST_TOKENS, help="Pool sizing only: tokens one request adds."),
+    system_prompt_tokens: int = typer.Option(
+        SYSTEM_PROMPT_TOKENS, help="Tokens of the shared system prompt."),
     users: int | None = typer.Option(None, help="Concurrent users to serve: gives the full "
                                      "answer (without it: pool sizing only)."),
     sweep: list[Path] = typer.Option([], "--sweep", help="A chatfleet.sweep/1 file (or live "
@@ -46,12 +54,16 @@ def plan(
     precisions: str = typer.Option("bf16,fp8", help="Precisions to sweep with the twin: bf16, "
                                    "fp8, or W/KV such as fp8/bf16."),
     headroom: float = typer.Option(0.2, help="Spare capacity for the fleet (0.2: 20%)."),
-    slo_ttft_ms: float = typer.Option(1000.0, help="TTFT target."),
-    slo_tpot_ms: float = typer.Option(100.0, help="Per-token target."),
-    itl_stat: str = typer.Option("mean", help="Per-request statistic: mean (TPOT), p99, max."),
-    attainment: float = typer.Option(0.99, help="Share of requests that must meet the target."),
-    input_len: int = typer.Option(512, help="Session profile: user tokens per turn (mean)."),
-    output_len: int = typer.Option(128, help="Session profile: answer tokens per turn (mean)."),
+    slo_ttft_ms: float = typer.Option(SLO().ttft_ms, help="TTFT target."),
+    slo_tpot_ms: float = typer.Option(SLO().tpot_ms, help="Per-token target."),
+    itl_stat: str = typer.Option(
+        SLO().itl_stat, help="Per-request statistic: mean (TPOT), p99, max."),
+    attainment: float = typer.Option(
+        SLO().attainment, help="Share of requests that must meet the target."),
+    input_len: int = typer.Option(
+        LengthSpec().input_len, help="Session profile: user tokens per turn (mean)."),
+    output_len: int = typer.Option(
+        LengthSpec().output_len, help="Session profile: answer tokens per turn (mean)."),
     range_ratio: float = typer.Option(0.5, help="Lengths uniform within +-this share."),
     turns: int = typer.Option(1, help="Session profile: turns per session."),
     think_time: float = typer.Option(0.0, help="Session profile: mean think time, seconds."),
@@ -60,9 +72,9 @@ def plan(
                              "(the knee is then bisected to one user)."),
     rates: str = typer.Option("0.125,0.25,0.5,1,2,4",
                               help="Twin: fixed arrival rates, requests/s."),
-    duration: float = typer.Option(300.0, help="Twin: measurement window per point, seconds."),
-    warmup: float = typer.Option(30.0, help="Twin: warm-up per point, seconds."),
-    seed: int = typer.Option(1, help="Base seed."),
+    duration: float = typer.Option(DURATION_S, help="Twin: measurement window per point, seconds."),
+    warmup: float = typer.Option(WARMUP_S, help="Twin: warm-up per point, seconds."),
+    seed: int = typer.Option(SEED, help="Base seed."),
     host_kv_gib: float = typer.Option(16.0, help="Host memory a replica may give HiCache, GiB."),
     eviction: str = typer.Option("lru", help="Radix eviction policy for the launch command."),
     model_path: str | None = typer.Option(None, help="Checkpoint for the launch commands "
@@ -74,22 +86,36 @@ def plan(
     gateway_config_out: Path | None = typer.Option(
         None, "--gateway-config-out", help="Write the gateway's config file (YAML) here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    engine_model: str = typer.Option(
+        "sglang", help="The engine the plan is for: sglang (SGLang's pool rule and twin) or "
+        "vllm (vLLM's pool rule, the vLLM twin's knee, vLLM's launch command)."),
 ) -> None:
-    """Size the KV pool the way SGLang does; with --users, answer how many users fit on a
-    card, which precision to serve, which caps, how many cards, and how to launch it."""
+    """Size the KV pool the way SGLang (or vLLM) does; with --users, answer how many users fit
+    on a card, which precision to serve, which caps, how many cards, and how to launch it."""
+    if engine_model not in ("sglang", "vllm"):
+        with clean_errors():
+            fail(f"--engine-model {engine_model!r}: choose sglang or vllm")
     if users is None and not sweep:
+        if engine_model == "vllm":
+            vllm_pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
+                           system_prompt_tokens, as_json)
+            return
         pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
                   system_prompt_tokens, as_json)
         return
-    from chatfleet.planner import PlanRequest, SessionProfile, make_plan, parse_precisions
-
     with clean_errors():
         if users is None:
             fail("--users is needed for the full answer (how many concurrent users to serve)")
+        if users > MAX_PLAN_USERS:
+            fail(f"--users {users}: at most {MAX_PLAN_USERS:,} (the plan lists every replica "
+                 "of the fleet; plan a region's share and multiply)")
         if doubling_hours <= 0 or duration <= 0 or warmup < 0:
             fail("--duration and --doubling-hours must be positive, --warmup not negative")
         if host_kv_gib < 0 or cap_margin < 0:
             fail("--host-kv-gib and --cap-margin must not be negative")
+        if engine_model == "vllm" and eviction != "lru":
+            fail(f"--eviction {eviction} is SGLang's radix policy: the vLLM model evicts from "
+                 "its free-block queue (drop --eviction, or plan --engine-model sglang)")
         req = PlanRequest(
             gpu=load_gpu(gpu), model=load_model(model), users=users,
             slo=SLO(slo_ttft_ms, slo_tpot_ms, itl_stat, attainment),  # type: ignore[arg-type]
@@ -100,17 +126,22 @@ def plan(
             grid=tuple(parse_list(grid, int, "--grid")),
             rates=tuple(parse_list(rates, float, "--rates")), duration_s=duration,
             warmup_s=warmup, seed=seed, doubling_hours=doubling_hours, eviction=eviction,
-            model_path=model_path, cap_margin=cap_margin)
+            model_path=model_path, cap_margin=cap_margin, engine_model=engine_model)
         req.profile.workload()  # bad lengths or turns fail here, before any work
+        for sweep_path in sweep:
+            check_plan_sweep(sweep_path)
+        if accuracy is not None:
+            check_plan_accuracy(accuracy)
+        check_output_file(out_path, "--out")
+        check_output_file(gateway_config_out, "--gateway-config-out")
         with progress_bars() as progress:
             doc = make_plan(req, progress)
         if out_path is not None:
-            write_json_atomic(out_path, doc)
-        if gateway_config_out is not None and doc.get("gateway_config"):
-            gateway_config_out.parent.mkdir(parents=True, exist_ok=True)
-            gateway_config_out.write_text(gateway_yaml(doc), encoding="utf-8")
+            write_json(out_path, doc.to_json())
+        if gateway_config_out is not None and doc.gateway_config:
+            write_atomic(gateway_config_out, gateway_yaml(doc))
     if as_json:
-        print_json(doc)
+        print_json(doc.to_json())
         return
     print_answer(doc)
     for path in (out_path, gateway_config_out):
@@ -118,72 +149,57 @@ def plan(
             out.print(f"wrote {path}")
 
 
-def gateway_yaml(doc: dict[str, Any]) -> str:
-    head = (f"# chatfleet gateway config from `chatfleet plan` ({doc['gpu']}, {doc['model']}, "
-            f"{doc['recommendation']['precision']}): docs/gateway.md\n")
-    return head + str(yaml.safe_dump(doc["gateway_config"], sort_keys=False))
+def check_plan_sweep(path: Path) -> None:
+    """A --sweep file holds what the plan reads from it: a well-formed chatfleet.sweep/1
+    document whose target names its precision and whose knee is one of its valid points. A
+    file that does not is one line, not a KeyError deep in the plan."""
+    doc = read_sweep_file(path, "--sweep")
+    where = f"--sweep {path}"
+    target = doc.get("target") or {}
+    if not all(isinstance(target.get(k), str) for k in ("weights", "kv_cache")):
+        fail(f"{where}: target.weights and target.kv_cache are needed to know which precision "
+             "the sweep measured")
+    for key, mode in (("knee", "closed"), ("knee_rate", "open")):
+        knee = doc.get(key)
+        if knee is None:
+            continue
+        meets = knee.get("meets") if isinstance(knee, dict) else None
+        if not isinstance(knee, dict) or (meets is not None and number(meets) is None):
+            fail(f"{where}: {key} must be an object {{'meets': number or null, 'fails': ...}}")
+        if meets is not None and not any(
+                p.get("valid", True) and p["load"]["mode"] == mode and load_value(p) == meets
+                for p in doc["points"]):
+            fail(f"{where}: {key}.meets {meets} is not one of its valid {mode}-loop points")
 
 
-def print_answer(doc: dict[str, Any]) -> None:
-    rec = doc.get("recommendation")
-    t = Table(title=f"users per card at the knee: {doc['model']} on {doc['gpu']}, "
-              f"{doc['target_users']} users, SLO TTFT <= {doc['slo']['ttft_ms']:.0f} ms, "
-              f"TPOT <= {doc['slo']['tpot_ms']:.0f} ms for {doc['slo']['attainment']:.0%}")
-    for col in ("precision", "KV pool", "users/card", "gateway cap", "goodput/s", "rate/replica",
-                "replicas", "cards", "accuracy", "from"):
-        t.add_column(col, justify="right")
-    for name, p in doc["by_precision"].items():
-        src = p["source"]
-        where = (f"{src['sweep']} point {src['point']}" if src["point"] is not None
-                 else f"{src['sweep']}: no load meets")
-        t.add_row(name, f"{p['pool']['kv_pool_tokens']:,}", fmt(p["users_per_card"], "d"),
-                  fmt(p["gateway_cap"], "d"), fmt(p["goodput_rps"], ".2f"),
-                  fmt(p["rate_rps_per_replica"], ".2f"), fmt(p.get("replicas"), "d"),
-                  fmt(p.get("cards"), "d"),
-                  ("ok" if p["accuracy"]["allowed"] else "outside margin")
-                  + ("" if p["accuracy"]["checked"] else " (not checked)"), where)
-    out.print(t)
-    if rec is None:
-        out.print(f"[bold]no recommendation:[/] {doc['why_none']}")
-        return
-    out.print(f"[bold]recommended:[/] {rec['precision']}, {rec['users_per_card']} users per "
-              f"card, gateway cap {rec['gateway_cap']} per replica (engine guard "
-              f"--max-running-requests {rec['engine_guard']}), {rec['replicas']} replicas on "
-              f"{rec['cards']} cards for {doc['target_users']} users with "
-              f"{rec['headroom']:.0%} headroom. Why: {rec['why']}")
-    d = doc["doubling"]
-    t = Table(title=f"traffic doubled for {d['hours']:g} h ({d['users']} -> {d['doubled_users']}"
-              f" users on {d['replicas']} replicas; simulated on a slice of "
-              f"{d['replicas_simulated']})")
-    for col in ("traffic", "thermal model", "attempts", "shed", "admitted attain",
-                "TTFT p99 ms", "gateway queue max", "SM clock p50/min MHz", "max temp C",
-                "thermal slowdown"):
-        t.add_column(col, justify="right")
-    for r in d["runs"]:
-        g = r["gpu"]
-        t.add_row(r["traffic"], "on" if r["thermal_model"] else "off",
-                  str(r["requests"]["offered"]), f"{r['shed_share']:.1%}",
-                  fmt(r["admitted_attainment"], ".3f"), fmt(r["ttft_ms"]["p99"], ".0f"),
-                  str(r["gateway_queue_max"]),
-                  f"{g['sm_clock_mhz']['p50']:.0f}/{g['sm_clock_mhz']['min']:.0f}",
-                  fmt(g["temp_c"]["max"], ".1f"), f"{g['thermal_slowdown_share']:.1%}")
-    out.print(t)
-    hot = [r for r in d["runs"] if r["thermal_model"] and r["traffic"] == "target"]
-    if hot and (hot[0]["admitted_attainment"] or 0.0) < doc["slo"]["attainment"]:
-        out.print("  note: the thermal model (docs/calibration.md: fitted to one overload "
-                  "measurement, 35 C inlet) throttles a passively cooled L4 under any sustained "
-                  "full load; the knee holds only while the card stays under its slowdown "
-                  "temperature: record clocks in the pre-launch sweep (--telemetry nvml, "
-                  "--clock-floor)", highlight=False)
-    out.print(f"host tier: {'HiCache on' if doc['host_tier']['enable'] else 'off'}: "
-              f"{doc['host_tier']['why']}")
-    for engine in ("sglang", "vllm"):
-        cmd = doc["launch"][engine]
-        out.print(f"\n[bold]{engine}:[/] {cmd['shell']}", highlight=False, soft_wrap=True)
-        for note in cmd["notes"]:
-            out.print(f"  note: {note}", highlight=False)
-    out.print("\n[bold]gateway config:[/]")
-    out.print(gateway_yaml(doc), highlight=False, soft_wrap=True)
+def check_plan_accuracy(path: Path) -> None:
+    """An --accuracy file holds what the plan reads: a chatfleet.accuracy/1 result whose
+    targets are objects and whose comparisons carry their difference's interval."""
+    where = f"--accuracy {path}"
+    if not path.is_file():
+        fail(f"{where}: no such file (give the file `chatfleet accuracy --out` wrote)")
+    try:
+        doc = read_json(path, "accuracy result")
+    except UnicodeDecodeError:
+        fail(f"{where}: not UTF-8 text, so not an accuracy result")
+    targets = doc.get("targets") if isinstance(doc, dict) else None
+    if (not isinstance(doc, dict) or doc.get("schema") != "chatfleet.accuracy/1"
+            or not isinstance(targets, dict)):
+        fail(f"{where}: not a chatfleet.accuracy/1 result (give the file `chatfleet accuracy "
+             "--out` wrote)")
+    comparisons = doc.get("comparisons") or []
+    paired = doc.get("paired")
+    if not isinstance(comparisons, list) or (paired and not isinstance(paired, dict)):
+        fail(f"{where}: 'comparisons' must be a list and 'paired' an object")
+    if any(not isinstance(t, dict) for t in targets.values()):
+        fail(f"{where}: every target must be an object (its accuracy, interval, ...)")
+    for c in [*comparisons, *([paired] if paired else [])]:
+        ci = c.get("diff_ci95") if isinstance(c, dict) else None
+        if (not isinstance(ci, list) or len(ci) != 2
+                or any(number(v) is None for v in ci)):
+            fail(f"{where}: every comparison needs diff_ci95, two numbers")
+    if doc.get("margin") is not None and number(doc["margin"]) is None:
+        fail(f"{where}: 'margin' must be a number")
 
 
 def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: float | None,
@@ -196,26 +212,44 @@ def pool_only(gpu: str, model: str, weights: str, kv_cache: str, mem_fraction: f
         print_json(p.to_json())
         return
     out.print(pool_table(p))
+    if not p.calibrated:
+        out.print(f"[yellow]{uncalibrated_note(p.gpu)}[/]", highlight=False)
 
 
-def pool_table(p: PoolPlan) -> Table:
-    cal = "" if p.calibrated else " [yellow](uncalibrated: figures from datasheet, not measured)[/]"
-    t = Table(title=f"KV pool: {p.model} on {p.gpu}, weights {p.weights}, KV {p.kv_cache}{cal}")
+def vllm_pool_only(gpu: str, model: str, weights: str, kv_cache: str, util: float | None,
+                   request_tokens: int, system_prompt_tokens: int, as_json: bool) -> None:
+    """vLLM's memory rule (core/memory.py: its overheads are assumed, not measured)."""
+    with clean_errors():
+        if request_tokens <= 0 or system_prompt_tokens < 0:
+            fail("--request-tokens must be positive and --system-prompt-tokens not negative")
+        p = plan_vllm_pool(load_gpu(gpu), load_model(model), weights, kv_cache,
+                           gpu_memory_utilization=util)
+    fit = max(0, (p.kv_pool_tokens - system_prompt_tokens) // request_tokens)
+    prompts = p.kv_pool_tokens // system_prompt_tokens if system_prompt_tokens else 0
+    if as_json:
+        print_json({**p.to_json(), "request_tokens": request_tokens,
+                    "system_prompt_tokens": system_prompt_tokens, "requests_fit": fit,
+                    "prompts_fit": prompts})
+        return
+    t = Table(title=f"vLLM KV pool: {p.model} on {p.gpu}, weights {p.weights}, KV "
+              f"{p.kv_cache} [yellow](vLLM's rule with assumed overheads: uncalibrated)[/]")
     t.add_column("figure")
     t.add_column("value", justify="right")
     rows = [
-        ("visible memory", f"{p.visible_gib:.3f} GiB"),
-        ("free before weights (P)", f"{p.free_gib:.3f} GiB"),
-        ("mem_fraction_static (m)", f"{p.mem_fraction_static:.3f}"),
-        ("weights (W)", f"{p.weights_gib:.3f} GiB"),
-        ("KV bytes per token", f"{p.kv_bytes_per_token:,}"),
-        ("KV pool", f"{p.kv_pool_tokens:,} tokens"),
-        ("chunked prefill / CUDA-graph max batch",
-         f"{p.chunked_prefill_size} / {p.cuda_graph_max_bs}"),
-        (f"requests that fit ({p.request_tokens} tokens each, one shared prompt cached)",
-         f"{p.requests_fit:,}"),
-        (f"shared prompts that fit ({p.system_prompt_tokens} tokens each)", f"{p.prompts_fit:,}"),
+        ("card memory (total)", f"{p.total_gib:.3f} GiB"),
+        ("gpu_memory_utilization", f"{p.gpu_memory_utilization:g}"),
+        ("weights", f"{p.weights_gib:.3f} GiB"),
+        ("activation peak (assumed)", f"{p.activation_peak_gib:.3f} GiB"),
+        ("non-torch + CUDA graphs (assumed)", f"{p.non_torch_gib + p.cudagraph_gib:.3f} GiB"),
+        ("KV cache", f"{p.kv_cache_gib:.3f} GiB"),
+        ("KV pool", f"{p.kv_pool_tokens:,} tokens ({p.num_gpu_blocks:,} blocks of "
+                    f"{p.block_size})"),
+        ("max_num_batched_tokens / max_num_seqs",
+         f"{p.max_num_batched_tokens} / {p.max_num_seqs}"),
+        (f"requests that fit ({request_tokens} tokens each, one shared prompt cached)",
+         f"{fit:,}"),
+        (f"shared prompts that fit ({system_prompt_tokens} tokens each)", f"{prompts:,}"),
     ]
     for k, v in rows:
         t.add_row(k, v)
-    return t
+    out.print(t)

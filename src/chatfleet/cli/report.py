@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from chatfleet.cli.common import clean_errors, console
+from chatfleet.report import build_report
 
 
 def report(
@@ -19,12 +20,15 @@ def report(
         None, "--out", help="Folder for report.html and report.md (default: the first sweep "
         "directory, or the sweep file's folder)."),
     title: str | None = typer.Option(None, "--title", help="Report title."),
+    live_proof: Path | None = typer.Option(
+        None, "--live-proof", metavar="FILE", help="A chatfleet.live-proof/1 file (chatfleet "
+        "demo writes DIR/live/proof.json): a gateway run past the fleet's cap, reported in its "
+        "own section (did the cap hold, shed, admitted attainment, each replica's peak in "
+        "flight), not as a sweep."),
 ) -> None:
     """Write DIR/report.html (self-contained, inline SVG plots) and DIR/report.md."""
-    from chatfleet.report import build_report
-
     with clean_errors():
-        written = build_report(sweeps, out_dir=out_dir, title=title)
+        written = build_report(sweeps, out_dir=out_dir, title=title, live_proof=live_proof)
     for w in written.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     print(written.html)

@@ -4,16 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chatfleet.cli.common import clean_errors, console, fail, out
-from chatfleet.cli.twin import build_lengths, build_loads, knee_lines, sweep_table
-from chatfleet.core.metrics import SLO
-from chatfleet.core.workload import WorkloadConfig
+from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, request_stop
+from chatfleet.bench.telemetry import parse_telemetry_spec
+from chatfleet.cli.common import check_output_dir, clean_errors, console, fail, out
+from chatfleet.cli.options import GROUP_DRAW_HELP, build_lengths, build_loads, parse_group_draw
+from chatfleet.cli.render import knee_lines, load_label, sweep_table
+from chatfleet.core.defaults import (
+    COOLDOWN_MAX_S,
+    DRAIN_S,
+    DURATION_S,
+    SEED,
+    SYSTEM_PROMPT_TOKENS,
+    WARMUP_S,
+)
+from chatfleet.core.documents.sweep import SweepDoc, SweepPoint
+from chatfleet.core.slo import SLO
+from chatfleet.core.workload import LengthSpec, WorkloadConfig
+from chatfleet.engines import get_adapter
 
 ENGINES = ("sglang", "vllm", "simserver", "openai")
 
@@ -26,38 +40,47 @@ def sweep(
     concurrency: str = typer.Option("1,2,4,8,16,32", help="Closed-loop user counts."),
     rate: str | None = typer.Option(None, help="Open-loop session rates per second."),
     arrival: str = typer.Option("poisson", help="poisson or gamma:B."),
-    input_len: int = typer.Option(512, help="User message tokens (fixed/uniform)."),
-    output_len: int = typer.Option(128, help="Answer tokens (fixed/uniform)."),
+    input_len: int = typer.Option(
+        LengthSpec().input_len, help="User message tokens (fixed/uniform)."),
+    output_len: int = typer.Option(LengthSpec().output_len, help="Answer tokens (fixed/uniform)."),
     lengths: str = typer.Option("sharegpt", help="fixed, uniform, sharegpt or file (the real "
                                 "length mix is the default)."),
     range_ratio: float = typer.Option(0.0, help="uniform: range ratio."),
     range_convention: str = typer.Option("sglang", help="uniform: sglang or vllm."),
     length_file: Path | None = typer.Option(None, help="lengths=file: JSONL of lengths."),
-    system_prompt_tokens: int = typer.Option(2048, help="Shared system prompt tokens."),
+    system_prompt_tokens: int = typer.Option(
+        SYSTEM_PROMPT_TOKENS, help="Shared system prompt tokens."),
     prompt_groups: int = typer.Option(1, help="Distinct shared system prompts."),
+    group_draw: str = typer.Option("round-robin", help=GROUP_DRAW_HELP),
     turns: int = typer.Option(1, help="Turns per session."),
     think_time: float = typer.Option(0.0, help="Mean think time between turns, seconds."),
     ramp_up: float = typer.Option(0.0, help="Closed loop: spread user starts over S s."),
-    duration: float = typer.Option(300.0, help="Measurement window per run, seconds."),
-    warmup: float = typer.Option(30.0, help="Warm-up before the window, seconds."),
-    drain: float = typer.Option(300.0, help="Longest wait for the window's requests after it."),
+    duration: float = typer.Option(DURATION_S, help="Measurement window per run, seconds."),
+    warmup: float = typer.Option(WARMUP_S, help="Warm-up before the window, seconds."),
+    drain: float = typer.Option(DRAIN_S, help="Longest wait for the window's requests after it."),
     flush: bool = typer.Option(True, "--flush/--no-flush", help="Flush the prefix cache "
                                "before every run (and check that it took)."),
-    seed: int = typer.Option(1, help="Base seed; run i uses seed + i."),
+    seed: int = typer.Option(SEED, help="Base seed; run i uses seed + i."),
     telemetry: str = typer.Option("none", help="nvml[:INDEX], dcgm:URL, simserver, agent:URL "
                                   "or none."),
     cooldown_temp: float | None = typer.Option(None, help="Before each run, wait until the "
                                                "GPU is under this temperature (C)."),
-    cooldown_max: float = typer.Option(300.0, help="Longest cool-down wait, seconds."),
+    cooldown_max: float = typer.Option(COOLDOWN_MAX_S, help="Longest cool-down wait, seconds."),
     clock_floor: float | None = typer.Option(None, help="Runs whose median SM clock is under "
                                              "this (MHz) are invalid."),
-    slo_ttft_ms: float = typer.Option(1000.0, help="TTFT target."),
-    slo_tpot_ms: float = typer.Option(100.0, help="Per-token target."),
-    itl_stat: str = typer.Option("mean", help="Per-request statistic: mean, p99 or max."),
-    attainment: float = typer.Option(0.99, help="Share of requests that must meet it."),
+    slo_ttft_ms: float = typer.Option(SLO().ttft_ms, help="TTFT target."),
+    slo_tpot_ms: float = typer.Option(SLO().tpot_ms, help="Per-token target."),
+    itl_stat: str = typer.Option(SLO().itl_stat, help="Per-request statistic: mean, p99 or max."),
+    attainment: float = typer.Option(SLO().attainment, help="Share of requests that must meet it."),
     cap_margin: int = typer.Option(0, help="Lower the recommended cap by N grid steps."),
-    refine: bool = typer.Option(False, "--refine", help="Bisect the knee's bracket with more "
-                                "runs until it is one user (or 10% of the rate) wide."),
+    refine: bool = typer.Option(False, "--refine", help="Close an open knee bracket (double "
+                                "the top while it meets, halve the lowest rate while it "
+                                "fails), then bisect it until it is one user (or 10% of the "
+                                "rate) wide: the twin's policy."),
+    refine_max_users: int = typer.Option(1024, help="--refine never doubles the closed loop "
+                                         "beyond this many users."),
+    refine_budget: float | None = typer.Option(None, help="--refine starts no run after this "
+                                               "many seconds of refinement."),
     api: str = typer.Option("chat", help="chat (text, the product's path) or completions-ids "
                             "(the twin's exact token ids)."),
     thinking: bool = typer.Option(False, "--thinking", help="Qwen3 thinking on (off by "
@@ -75,8 +98,6 @@ def sweep(
     max_loop_lag_ms: float = typer.Option(10.0, help="Client loop-lag p99 bound (validity)."),
 ) -> None:
     """Measure the knee against live engines, with the method automated."""
-    from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, request_stop
-
     with clean_errors():
         if engine not in ENGINES:
             fail(f"unknown --engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -87,8 +108,12 @@ def sweep(
                 fail(f"--target {url!r} is not an http(s) URL")
         if duration <= 0 or warmup < 0 or drain < 0:
             fail("--duration must be positive, --warmup and --drain not negative")
+        if refine_max_users < 1 or (refine_budget is not None and refine_budget <= 0):
+            fail("--refine-max-users and --refine-budget must be positive")
+        check_output_dir(out_dir, "--out")
         wcfg = WorkloadConfig(
             system_prompt_tokens=system_prompt_tokens, prompt_groups=prompt_groups,
+            group_draw=parse_group_draw(group_draw),
             lengths=build_lengths(lengths, input_len, output_len, range_ratio,
                                   range_convention, length_file),
             turns=turns, think_time_s=think_time, ramp_up_s=ramp_up,
@@ -96,11 +121,10 @@ def sweep(
         )
         slo = SLO(slo_ttft_ms, slo_tpot_ms, itl_stat, attainment)  # type: ignore[arg-type]
         loads = build_loads(concurrency, rate, arrival)
+        parse_telemetry_spec(telemetry, target=target[0])  # before anything is sent
         labels: dict[str, Any] = {k: v for k, v in (("gpu", gpu), ("weights", weights),
                                                      ("kv_cache", kv_cache)) if v}
         if engine_log is not None:
-            from chatfleet.engines import get_adapter
-
             labels["engine_log"] = get_adapter(engine).parse_log(engine_log)
         cfg = LiveSweepConfig(
             targets=[t.rstrip("/") for t in target], engine=engine, model=model, loads=loads,
@@ -108,6 +132,7 @@ def sweep(
             drain_s=drain, flush=flush, seed=seed, telemetry=telemetry,
             cooldown_temp_c=cooldown_temp, cooldown_max_s=cooldown_max,
             clock_floor_mhz=clock_floor, resume=resume, refine=refine, cap_margin=cap_margin,
+            refine_max_users=refine_max_users, refine_budget_s=refine_budget,
             api=api, thinking=thinking, api_key=api_key, labels=labels,
             max_send_lag_ms=max_send_lag_ms, max_loop_lag_ms=max_loop_lag_ms,
         )
@@ -115,26 +140,28 @@ def sweep(
                             MofNCompleteColumn(), TimeElapsedColumn(), console=console)
         task = progress.add_task(f"sweep {engine} ({len(loads)} runs)", total=len(loads))
 
-        def on_event(kind: str, info: dict[str, Any]) -> None:
+        def on_event(kind: str, info: Mapping[str, Any]) -> None:
             if kind == "run":
-                load = info["load"]
-                label = (f"{load['concurrency']} users" if load["mode"] == "closed"
-                         else f"{load['rate_rps']} rps")
-                progress.update(task, description=f"run {info['index']}: {label}, seed "
-                                f"{info['seed']}")
+                progress.update(task, description=f"run {info['index']}: "
+                                f"{load_label(info['load'])}, seed {info['seed']}")
             elif kind in ("point", "skip"):
                 progress.advance(task)
-                if kind == "point" and not info.get("valid", True):
-                    console.print(f"[yellow]run {info['run_index']} invalid:[/] "
-                                  f"{info['invalid_reason']}")
+                point: SweepPoint | None = info.get("point")
+                if point is not None and not point.valid:
+                    console.print(f"[yellow]run {point.run_index} invalid:[/] "
+                                  f"{point.invalid_reason}")
             elif kind == "refine":
                 progress.update(task, total=(progress.tasks[0].total or 0) + 1)
+            elif kind == "refine_budget":
+                console.print(f"[yellow]refinement stopped:[/] its {info['budget_s']:g} s "
+                              f"budget is spent (next would have been "
+                              f"{load_label(info['load'])})")
             elif kind == "cooldown":
                 progress.update(task, description=f"run {info['index']}: cooling down")
 
         sweep_run = LiveSweep(cfg, on_event)
 
-        async def main() -> dict[str, Any]:
+        async def main() -> SweepDoc:
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGINT, request_stop, sweep_run)
             try:

@@ -1,7 +1,7 @@
 """Accuracy of a precision choice: datasets, per-question scoring and the paired statistics.
 
 Pure: no files, sockets or clocks. Shells read the dataset file and pass its lines in, pass the
-number extractor (``chatfleet.datasets.extract_model_answer``) and a ``random.Random`` for the
+number extractor (``chatfleet.check.gsm8k.extract_model_answer``) and a ``random.Random`` for the
 question sample. Formulas (docs/accuracy.md states them too), with z = 1.959963984540054, the
 0.975 quantile of the standard normal:
 
@@ -42,6 +42,7 @@ from fractions import Fraction
 from statistics import NormalDist
 from typing import Any, Literal
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.jsonl import json_objects
 
 __all__ = [
@@ -77,7 +78,7 @@ GSM8K_SUFFIX = ('\n\nSolve the problem step by step, then give the final answer 
 """What the accuracy client appends to each GSM8K question (a prompts file is sent verbatim)."""
 
 
-class AccuracyError(ValueError):
+class AccuracyError(ChatfleetError):
     """Bad dataset or bad input to the statistics."""
 
 
@@ -120,7 +121,7 @@ def parse_dataset_lines(lines: Iterable[str], source: str,
     """Parse a JSON Lines dataset.
 
     Two shapes, told apart by the first row: GSM8K rows ``{"question": str, "answer": str}``
-    whose answer ends with ``#### N`` (``gsm8k_key`` reads N, as ``datasets.gsm8k_answer``),
+    whose answer ends with ``#### N`` (``gsm8k_key`` reads N, as ``check.gsm8k.gsm8k_answer``),
     or a prompts file with ``{"prompt": str, "answer": str | number}`` per line. Blank lines are
     skipped; other keys are ignored. Every row must have the shape of the first.
     """
@@ -229,7 +230,7 @@ def score_answer(expected: str, output: str | None,
                  extract: Callable[[str], str | None]) -> Score:
     """Is ``output`` right? A numeric ``expected`` is compared numerically with the number the
     output states after its last answer marker, else (no marker, or no number after it) with the
-    last number of the whole output (``extract``: ``datasets.extract_model_answer``). Any other
+    last number of the whole output (``extract``: ``check.gsm8k.extract_model_answer``). Any other
     answer is an exact match after :func:`normalize_text` against the text after the last
     marker, else the output's last non-empty line."""
     if output is None or not output.strip():

@@ -6,9 +6,11 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from chatfleet.core.errors import ChatfleetError
+
 
 def json_objects(lines: Iterable[str], source: str,
-                 error: type[Exception] = ValueError) -> Iterator[tuple[str, dict[str, Any]]]:
+                 error: type[Exception] = ChatfleetError) -> Iterator[tuple[str, dict[str, Any]]]:
     """Each non-blank line as a JSON object, with `where` ("SOURCE, line N") for the caller's
     own messages. A line that is not JSON, or not an object, raises `error` naming it."""
     for lineno, line in enumerate(lines, start=1):

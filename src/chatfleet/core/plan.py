@@ -8,7 +8,7 @@ Every figure is read from a chatfleet.sweep/1 document and names the point it ca
   target attainment together with every lower count);
 - goodput at the target: that point's `goodput_rps` (requests per second that meet the target);
 - the gateway cap: the sweep's `recommended_cap` (requests in flight at that point), and the
-  engine guard (SGLang's --max-running-requests) at the same count (DESIGN.md);
+  engine guard (SGLang's --max-running-requests) at the same count (docs/facts.md#the-method);
 - the rate a replica sustains: the open-loop knee's `meets`, when the sweep has open-loop points;
 - replicas: ceil(users x (1 + headroom) / users per card); cards: replicas x cards per replica.
 
@@ -21,16 +21,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from chatfleet.core.metrics import load_value, recommended_cap
+from chatfleet.core.documents.plan import (
+    AccuracyVerdict,
+    FigureSource,
+    HostTier,
+    PrecisionFigures,
+)
+from chatfleet.core.documents.sweep import SweepDoc, SweepPoint, valid_points
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.measure.knee import recommended_cap
+
+__all__ = ["PrecisionFigures"]  # its home is core.documents.plan
 
 # The order of preference when two precisions tie: the wider format first.
 PRECISION_ORDER = ("bf16", "fp8")
 
 
-class PlanError(ValueError):
+class PlanError(ChatfleetError):
     """Inputs the plan cannot use (a sweep without a closed-loop knee, bad headroom, ...)."""
 
 
@@ -39,82 +48,51 @@ def precision_name(weights: str, kv_cache: str) -> str:
     return weights if weights == kv_cache else f"{weights}/{kv_cache}"
 
 
-def _point_at(doc: Mapping[str, Any], mode: str, load: float) -> tuple[int, Mapping[str, Any]]:
+def _point_at(doc: SweepDoc, mode: str, load: float) -> tuple[int, SweepPoint]:
     """The first valid point of that mode and load (with repeats, the one with the lowest
     goodput: the cautious reading)."""
-    found = [(i, p) for i, p in enumerate(doc.get("points", []))
-             if p.get("valid", True) and p["load"]["mode"] == mode and load_value(p) == load]
+    found = [(i, p) for i, p in enumerate(doc.points)
+             if p.valid and p.load.mode == mode and p.load.value == load]
     if not found:
         raise PlanError(f"the sweep's knee {load} has no valid {mode}-loop point")
-    return min(found, key=lambda ip: float(ip[1].get("goodput_rps") or 0.0))
+    return min(found, key=lambda ip: float(ip[1].goodput_rps or 0.0))
 
 
-@dataclass(frozen=True, slots=True)
-class PrecisionFigures:
-    """One precision's figures at its knee, each traceable to a sweep point."""
-
-    name: str
-    weights: str
-    kv_cache: str
-    users_per_card: int | None
-    gateway_cap: int | None
-    goodput_rps: float | None
-    output_tok_s: float | None
-    ttft_p99_ms: float | None  # at the knee: what the gateway keeps of the budget for prefill
-    rate_rps: float | None
-    knee: dict[str, Any]
-    knee_rate: dict[str, Any]
-    source: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "weights": self.weights, "kv_cache": self.kv_cache,
-            "users_per_card": self.users_per_card, "gateway_cap": self.gateway_cap,
-            "engine_guard": self.gateway_cap, "goodput_rps": self.goodput_rps,
-            "output_tok_s": self.output_tok_s, "ttft_p99_ms": self.ttft_p99_ms,
-            "rate_rps_per_replica": self.rate_rps,
-            "knee": self.knee, "knee_rate": self.knee_rate, "source": self.source,
-        }
-
-
-def figures_from_sweep(doc: Mapping[str, Any], sweep_name: str,
+def figures_from_sweep(doc: SweepDoc, sweep_name: str,
                        cap_margin: int | None = None) -> PrecisionFigures:
     """Read one precision's figures from its sweep document. `sweep_name` says where the
     document is (a file path, or 'twin' for one the plan ran) and goes into `source`. With
     `cap_margin` m > 0, the figures are those of the tested user count m grid steps below the
     knee's `meets` (the users the lowered cap admits; else the sweep's own `recommended_cap`
     at `meets`)."""
-    target = doc.get("target") or {}
-    weights, kv = target.get("weights"), target.get("kv_cache")
-    if not isinstance(weights, str) or not isinstance(kv, str):
+    weights, kv = doc.target.weights, doc.target.kv_cache
+    if weights is None or kv is None:
         raise PlanError(f"{sweep_name}: target.weights and target.kv_cache are needed to know "
                         "which precision the sweep measured")
-    knee = dict(doc.get("knee") or {"meets": None, "fails": None})
-    knee_rate = dict(doc.get("knee_rate") or {"meets": None, "fails": None})
-    source: dict[str, Any] = {"sweep": sweep_name, "point": None, "load": None,
-                              "rate_point": None}
+    knee, knee_rate = doc.knee, doc.knee_rate
+    source = FigureSource(sweep=sweep_name)
     users = cap = None
     goodput = tok_s = ttft99 = None
-    if knee.get("meets") is not None:
-        at = float(knee["meets"])
+    if knee.meets is not None:
+        at = float(knee.meets)
         if cap_margin:
-            grid = sorted({load_value(p) for p in doc.get("points", [])
-                           if p.get("valid", True) and p["load"]["mode"] == "closed"})
+            grid = sorted({p.load.value for p in valid_points(doc.points, "closed")})
             at = grid[max(0, grid.index(at) - cap_margin)]
         index, point = _point_at(doc, "closed", at)
         users = int(at)
-        cap = (doc.get("recommended_cap") if cap_margin is None
-               else recommended_cap(doc.get("points", []), knee, cap_margin))
+        cap = (doc.recommended_cap if cap_margin is None
+               else recommended_cap(doc.points, knee, cap_margin))
         cap = int(cap) if cap is not None else users
-        goodput = float(point["goodput_rps"])
-        tok_s = float(point["output_tok_s"])
-        ttft99 = float(point["ttft_ms"]["p99"])
-        source.update(point=index, load=dict(point["load"]))
+        goodput = float(point.goodput_rps)
+        tok_s = float(point.output_tok_s)
+        ttft99 = float(point.ttft_ms.p99)
+        source = FigureSource(sweep=sweep_name, point=index, load=point.load)
     rate = None
-    if knee_rate.get("meets") is not None:
-        index, _ = _point_at(doc, "open", float(knee_rate["meets"]))
-        rate = float(knee_rate["meets"])
-        source["rate_point"] = index
+    if knee_rate.meets is not None:
+        index, _ = _point_at(doc, "open", float(knee_rate.meets))
+        rate = float(knee_rate.meets)
+        source = FigureSource(sweep=sweep_name, point=source.point, load=source.load,
+                              rate_point=index)
     return PrecisionFigures(precision_name(weights, kv), weights, kv, users, cap, goodput,
                             tok_s, ttft99, rate, knee, knee_rate, source)
 
@@ -144,7 +122,7 @@ def fleet_size(users: int, users_per_card: int, headroom: float,
 
 
 def accuracy_verdicts(accuracy: Mapping[str, Any] | None,
-                      names: Sequence[str]) -> dict[str, dict[str, Any]]:
+                      names: Sequence[str]) -> dict[str, AccuracyVerdict]:
     """For each precision name: whether the accuracy result allows it, and why.
 
     A chatfleet.accuracy/1 result names its targets; a target is matched to a precision by its
@@ -152,10 +130,10 @@ def accuracy_verdicts(accuracy: Mapping[str, Any] | None,
     when its comparison with the reference is within the margin (the lower end of the paired
     difference's 95% interval >= -margin). A precision the result does not name is allowed,
     marked 'not checked'."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, AccuracyVerdict] = {}
     if accuracy is None:
-        return {n: {"allowed": True, "checked": False, "why": "no accuracy result given"}
-                for n in names}
+        return {n: AccuracyVerdict({"allowed": True, "checked": False,
+                                    "why": "no accuracy result given"}) for n in names}
     targets = accuracy.get("targets") or {}
     reference = accuracy.get("reference")
     margin = accuracy.get("margin")
@@ -168,24 +146,26 @@ def accuracy_verdicts(accuracy: Mapping[str, Any] | None,
         key = name.lower()
         t = by_name.get(key)
         if t is None:
-            out[name] = {"allowed": True, "checked": False,
-                         "why": "not among the accuracy result's targets"}
+            out[name] = AccuracyVerdict({"allowed": True, "checked": False,
+                                         "why": "not among the accuracy result's targets"})
         elif reference is not None and key == str(reference).lower():
-            out[name] = {"allowed": True, "checked": True, "accuracy": t.get("accuracy"),
-                         "why": "the accuracy reference"}
+            out[name] = AccuracyVerdict({"allowed": True, "checked": True,
+                                         "accuracy": t.get("accuracy"),
+                                         "why": "the accuracy reference"})
         elif key in by_b:
             c = by_b[key]
             lo, hi = c["diff_ci95"]
             ok = bool(c.get("within_margin", lo >= -float(margin or 0.0)))
-            out[name] = {
+            out[name] = AccuracyVerdict({
                 "allowed": ok, "checked": True, "accuracy": t.get("accuracy"),
                 "diff": c.get("diff"), "diff_ci95": [lo, hi], "margin": margin,
                 "why": (f"accuracy difference to {reference} in [{lo:+.3f}, {hi:+.3f}]: "
                         + ("within" if ok else "outside") + f" the margin of {margin}"),
-            }
+            })
         else:
-            out[name] = {"allowed": True, "checked": False, "accuracy": t.get("accuracy"),
-                         "why": f"no paired comparison with the reference {reference}"}
+            out[name] = AccuracyVerdict({
+                "allowed": True, "checked": False, "accuracy": t.get("accuracy"),
+                "why": f"no paired comparison with the reference {reference}"})
     return out
 
 
@@ -195,13 +175,17 @@ def _rank(f: PrecisionFigures) -> tuple[int, float, int]:
 
 
 def choose_precision(figures: Sequence[PrecisionFigures],
-                     verdicts: Mapping[str, Mapping[str, Any]]) -> tuple[
+                     verdicts: Mapping[str, AccuracyVerdict]) -> tuple[
                          PrecisionFigures | None, str]:
     """The precision to serve and the reason, or None and why not."""
-    allowed = [f for f in figures if verdicts.get(f.name, {}).get("allowed", True)]
+
+    def allowed_(f: PrecisionFigures) -> bool:
+        v = verdicts.get(f.name)
+        return v is None or v.allowed
+
+    allowed = [f for f in figures if allowed_(f)]
     usable = [f for f in allowed if f.users_per_card]
-    excluded = [f"{f.name} ({verdicts[f.name]['why']})" for f in figures
-                if not verdicts.get(f.name, {}).get("allowed", True)]
+    excluded = [f"{f.name} ({verdicts[f.name].why})" for f in figures if not allowed_(f)]
     if not usable:
         why = "no precision meets the target at any tested load"
         if excluded:
@@ -224,17 +208,24 @@ def working_set_tokens(users: int, system_prompt_tokens: int, prompt_groups: int
     return int(system_prompt_tokens * prompt_groups + users * max(0.0, context_tokens))
 
 
-def host_tier(working_set: int, pool_tokens: int, host_tokens: int) -> dict[str, Any]:
-    """DESIGN.md's rule: a host tier only when the working set is larger than the GPU pool and
-    smaller than GPU plus host."""
+def in_host_tier_window(working_set: int, pool_tokens: int, host_tokens: int) -> bool:
+    """The method's rule (docs/facts.md#the-method): a host tier helps only when the working
+    set is larger than the GPU pool and no larger than GPU plus host. `plan` and the cache
+    analysis's recommendation both ask it."""
+    return pool_tokens < working_set <= pool_tokens + host_tokens
+
+
+def host_tier(working_set: int, pool_tokens: int, host_tokens: int) -> HostTier:
+    """The host-tier flags for a working set: on inside its window (`in_host_tier_window`)."""
     if working_set <= pool_tokens:
-        return {"enable": False, "why": f"the working set ({working_set:,} tokens) fits the "
-                f"pool ({pool_tokens:,})"}
-    if working_set <= pool_tokens + host_tokens:
+        return HostTier(enable=False, why=f"the working set ({working_set:,} tokens) fits the "
+                        f"pool ({pool_tokens:,})")
+    if in_host_tier_window(working_set, pool_tokens, host_tokens):
         ratio = math.ceil(10.0 * working_set / pool_tokens) / 10.0
-        return {"enable": True, "hicache_ratio": max(ratio, 1.1),
-                "why": f"the working set ({working_set:,}) outgrows the pool ({pool_tokens:,}) "
-                       f"but fits pool + host ({pool_tokens + host_tokens:,})"}
-    return {"enable": False, "why": f"the working set ({working_set:,}) is larger than pool + "
-            f"host ({pool_tokens + host_tokens:,}): a host tier would thrash too; serve fewer "
-            "users per card"}
+        return HostTier(enable=True, hicache_ratio=max(ratio, 1.1),
+                        why=f"the working set ({working_set:,}) outgrows the pool "
+                            f"({pool_tokens:,}) but fits pool + host "
+                            f"({pool_tokens + host_tokens:,})")
+    return HostTier(enable=False, why=f"the working set ({working_set:,}) is larger than pool "
+                    f"+ host ({pool_tokens + host_tokens:,}): a host tier would thrash too; "
+                    "serve fewer users per card")

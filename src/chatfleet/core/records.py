@@ -19,7 +19,9 @@ class RequestRecord:
 
     `token_times` holds the arrival time of every output token, the first included, already
     split per token when a stream chunk carried several (see metrics.expand_chunks). It may be a
-    list or a numpy array.
+    list or a numpy array. `response_id` is the engine's own id for the request (the `id` of
+    its OpenAI response or stream chunks: vLLM's request id, the simserver trace's `rid`), so a
+    run can be matched to the server's records; None where no response came.
     """
 
     request_id: str
@@ -36,6 +38,7 @@ class RequestRecord:
     outcome: Outcome = "ok"
     error: str | None = None
     itl_estimated: bool = False
+    response_id: str | None = None
 
     @property
     def last_token_time(self) -> float | None:

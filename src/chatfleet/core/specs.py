@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from chatfleet.core.errors import ChatfleetError
+
 GIB = 1 << 30
 MIB = 1 << 20
 
@@ -18,7 +20,7 @@ DTYPES: tuple[Dtype, ...] = ("bf16", "fp8")
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp8": 1}
 
 
-class SpecError(ValueError):
+class SpecError(ChatfleetError):
     """Bad input: unknown GPU or model, a config missing fields, a bad precision."""
 
 
@@ -43,9 +45,9 @@ class GPU:
 
 
 # Public datasheet figures (dense, no sparsity). Visible memory is what the driver reports:
-# the L4's 23,034 MiB is DESIGN.md's measurement; the others are nvidia-smi totals as commonly
-# reported for those cards. PCIe: achievable host-to-device copy bandwidth (Gen4 x16 ~ 25 GB/s,
-# Gen5 x16 ~ 50 GB/s, A10G on Gen4 x8 in AWS g5 ~ 12 GB/s).
+# the L4's 23,034 MiB is a measurement (docs/facts.md#nvidia-l4); the others are nvidia-smi
+# totals as commonly reported for those cards. PCIe: achievable host-to-device copy bandwidth
+# (Gen4 x16 ~ 25 GB/s, Gen5 x16 ~ 50 GB/s, A10G on Gen4 x8 in AWS g5 ~ 12 GB/s).
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (

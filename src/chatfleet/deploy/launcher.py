@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.gateway.config import ConfigError, cap_from_sweep, load_config
 
 ENGINES = ("simserver", "command")
@@ -38,7 +39,7 @@ WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 STOP_GRACE_S = 20.0
 
 
-class LaunchError(ValueError):
+class LaunchError(ChatfleetError):
     """Input the launcher cannot use (exit 2), with the option named."""
 
 
@@ -266,6 +267,8 @@ def plan_children(spec: LaunchSpec, *, log_dir: Path, gateway_ports: list[int],
         limits += ["--queue-depth", str(spec.queue_depth)]
     if spec.config is not None:
         limits += ["--config", str(spec.config.resolve())]
+    if state != "memory":  # the shares protocol counts on knowing how many gateways there are
+        limits += ["--gateways", str(spec.gateways)]
     for i, port in enumerate(gateway_ports):
         children.append(Child(
             "gateway", f"gateway-{i}", [*cf, "gateway", *replica_flags, *limits, "--state",

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.engines.base import (
     EngineAdapter,
     FlushResult,
@@ -42,8 +43,8 @@ def get_adapter(name: str) -> EngineAdapter:
     try:
         return ADAPTERS[key]
     except KeyError:
-        raise ValueError(f"unknown engine {name!r}: choose one of "
-                         f"{', '.join(ADAPTERS)}") from None
+        raise ChatfleetError(f"unknown engine {name!r}: choose one of "
+                             f"{', '.join(ADAPTERS)}") from None
 
 
 __all__ = [

@@ -29,12 +29,13 @@ import re
 import shlex
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import Precision, precision
 from chatfleet.engines.prom import Metrics, MetricsUnavailable, fetch_metrics
 
@@ -240,6 +241,7 @@ class EngineAdapter:
     flush_method: ClassVar[str] = "POST"
     flush_needs_verification: ClassVar[bool] = False
     metric_names: ClassVar[MetricNames] = MetricNames()
+    extra_metric_names: ClassVar[tuple[str, ...]] = ()  # others read_metrics reads
     has_metrics: ClassVar[bool] = True  # serves Prometheus /metrics
     cache_report_flag: ClassVar[str | None] = None  # the flag that makes cached_tokens appear
     accepts_ignore_eos: ClassVar[bool] = True  # ignore_eos and min_tokens
@@ -273,6 +275,12 @@ class EngineAdapter:
                                      probe_tokens=probe_tokens)
 
     # --- metrics ----------------------------------------------------------------------------
+    def scraped_metric_names(self) -> frozenset[str]:
+        """Every metric `read_metrics` reads: the scraper parses only these lines."""
+        names = {n for field_names in astuple(self.metric_names)
+                 for n in field_names}
+        return frozenset(names | set(self.extra_metric_names))
+
     def read_metrics(self, m: Metrics) -> dict[str, float | None]:
         """The harness's figures from one scrape: running, queue, token_usage, cache_hit_rate
         (None where the engine has no gauge: the scraper derives it from counter deltas) and the
@@ -375,14 +383,14 @@ def as_precision(prec: Precision | str | tuple[str, str]) -> Precision:
         return precision(parts[0], parts[0])
     if len(parts) == 2:
         return precision(parts[0], parts[1])
-    raise ValueError(f"precision must look like 'fp8/fp8' (weights/KV cache), not {prec!r}")
+    raise ChatfleetError(f"precision must look like 'fp8/fp8' (weights/KV cache), not {prec!r}")
 
 
 def check_launch_args(mem_fraction: float | None, max_running_requests: int | None) -> None:
     if mem_fraction is not None and not 0 < mem_fraction < 1:
-        raise ValueError(f"the memory fraction must be between 0 and 1, not {mem_fraction}")
+        raise ChatfleetError(f"the memory fraction must be between 0 and 1, not {mem_fraction}")
     if max_running_requests is not None and max_running_requests < 1:
-        raise ValueError("max_running_requests must be at least 1")
+        raise ChatfleetError("max_running_requests must be at least 1")
 
 
 async def get_json(session: aiohttp.ClientSession, url: str, path: str,

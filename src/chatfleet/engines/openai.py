@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import Precision
 from chatfleet.engines.base import (
     OPENAI_FIELDS,
@@ -65,7 +66,8 @@ class OpenAIAdapter(EngineAdapter):
         p = as_precision(prec)
         check_launch_args(mem_fraction, max_running_requests)
         if p.weights != "bf16" or p.kv_cache != "bf16":
-            raise ValueError("the openai adapter launches `transformers serve` in bf16/bf16 only")
+            raise ChatfleetError("the openai adapter launches `transformers serve` in "
+                                 "bf16/bf16 only")
         argv = ["transformers", "serve", model_path, "--continuous-batching",
                 "--dtype", "bfloat16", "--host", host, "--port", str(port or self.default_port),
                 *extra]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -58,6 +59,18 @@ VLLM_LOG = {
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 
+# the simserver's own facts beside vLLM's /server_info (it converts times by time_scale)
+SIMSERVER_KEYS = ("time_scale", "gpu", "calibrated", "thermal_model", "engine_model")
+
+
+def _success_false(body: str) -> bool:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("success") is False
+
+
 def _num(v: str | None) -> float | None:
     return float(v.replace(",", "")) if v is not None else None
 
@@ -67,12 +80,17 @@ class VLLMAdapter(EngineAdapter):
     flush_path: ClassVar[str | None] = "/reset_prefix_cache"
     flush_needs_verification: ClassVar[bool] = True
     metric_names: ClassVar[MetricNames] = VLLM_METRICS
+    extra_metric_names: ClassVar[tuple[str, ...]] = ("vllm:cache_config_info",)
     cache_report_flag: ClassVar[str | None] = "--enable-prompt-tokens-details"
     log_patterns: ClassVar[Mapping[str, re.Pattern[str]]] = VLLM_LOG
     default_port: ClassVar[int] = 8000
 
     def flush_answer(self, status: int, body: str) -> FlushResult:
         if status == 200:
+            if _success_false(body):
+                # 0.26 answers {"success": false} while requests hold KV blocks
+                return FlushResult(False, status, "vLLM refused the reset: requests still hold "
+                                   "KV blocks (retry once it is idle)")
             return FlushResult(True, status, "vLLM answered 200, which does not prove the "
                                "reset happened: verify it", needs_verification=True)
         if status in (404, 405):
@@ -107,6 +125,9 @@ class VLLMAdapter(EngineAdapter):
             cache = info["flags"]
             info["mem_fraction"] = cache.get("gpu_memory_utilization")
             info["reports_cached_tokens"] = None  # a front-end flag: not in vllm_config
+            for key in SIMSERVER_KEYS:
+                if key in cfg:
+                    info[key] = cfg[key]
         return info
 
     @staticmethod

@@ -4,7 +4,8 @@ Changes made here last until the next reload of the config file, which restates 
 the command line's flags). None of them drops a running stream: lowering a cap stops new
 admissions until the replica is under it; removing a replica lets its streams finish.
 
-    GET    /admin/replicas              name, url, cap, in flight, serving, ejected
+    GET    /admin/replicas              name, url, cap, in flight, serving, ejected, pending
+    (a replica added here is pending: it takes requests after its first successful probe)
     POST   /admin/replicas              {"url": ..., "name": ..., "cap": ...}
     DELETE /admin/replicas/{name}
     GET    /admin/limits                caps, queue depth, per-key limits
@@ -16,19 +17,39 @@ admissions until the replica is under it; removing a replica lets its streams fi
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
 from chatfleet.gateway import errors
-from chatfleet.gateway.config import ConfigError, check, parse_replica
+from chatfleet.gateway.config import (
+    ConfigError,
+    GatewayConfig,
+    check,
+    config_summary,
+    parse_replica,
+)
 
-if TYPE_CHECKING:
-    from chatfleet.gateway.app import Gateway
+
+class AdminOps(Protocol):
+    """What the admin API may do to a gateway (app.Gateway provides it)."""
+
+    def config(self) -> GatewayConfig: ...
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """Per replica: name, url, cap, in_flight, serving, ejected, pending."""
+        ...
+
+    def apply(self, cfg: GatewayConfig) -> None: ...
+
+    def reload(self) -> GatewayConfig:
+        """Re-read the config file; ConfigError (the running configuration is kept) when it
+        is bad or there is none."""
+        ...
 
 
-def add_admin_routes(gw: Gateway, r: web.UrlDispatcher) -> None:
+def add_admin_routes(ops: AdminOps, r: web.UrlDispatcher) -> None:
     async def body(request: web.Request) -> dict[str, Any]:
         try:
             doc = orjson.loads(await request.read())
@@ -38,60 +59,48 @@ def add_admin_routes(gw: Gateway, r: web.UrlDispatcher) -> None:
             raise _Bad("the body must be a JSON object")
         return doc
 
-    def replicas_doc() -> list[dict[str, Any]]:
-        f = gw.fleet
-        return [{"name": n, "url": rep.config.url, "cap": rep.cap,
-                 "in_flight": f.ac.in_flight(n), "serving": rep.serving,
-                 "ejected": rep.health.ejected} for n, rep in f.replicas.items()]
-
     async def list_replicas(request: web.Request) -> web.Response:
-        return web.json_response({"replicas": replicas_doc()})
+        return web.json_response({"replicas": ops.replicas()})
 
     async def add_replica(request: web.Request) -> web.Response:
         try:
             rc = parse_replica(await body(request), 0)
-            cfg = check(dataclasses.replace(gw.cfg, replicas=(*gw.cfg.replicas, rc)))
+            now = ops.config()
+            cfg = check(dataclasses.replace(now, replicas=(*now.replicas, rc)))
         except (ConfigError, _Bad) as exc:
             return errors.error(400, str(exc))
-        gw.apply(cfg)
-        return web.json_response({"replicas": replicas_doc()}, status=201)
+        ops.apply(cfg)
+        return web.json_response({"replicas": ops.replicas()}, status=201)
 
     async def remove_replica(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        kept = tuple(x for x in gw.cfg.replicas if x.name != name)
-        if len(kept) == len(gw.cfg.replicas):
+        now = ops.config()
+        kept = tuple(x for x in now.replicas if x.name != name)
+        if len(kept) == len(now.replicas):
             return errors.error(404, f"no replica named {name!r}")
         if not kept:
             return errors.error(400, "cannot remove the last replica")
-        gw.apply(dataclasses.replace(gw.cfg, replicas=kept))
-        return web.json_response({"replicas": replicas_doc()})
+        ops.apply(dataclasses.replace(now, replicas=kept))
+        return web.json_response({"replicas": ops.replicas()})
 
     async def get_limits(request: web.Request) -> web.Response:
-        from chatfleet.gateway.app import config_summary
-
-        return web.json_response(config_summary(gw.cfg))
+        return web.json_response(config_summary(ops.config()))
 
     async def put_limits(request: web.Request) -> web.Response:
-        from chatfleet.gateway.app import config_summary
-
         try:
-            cfg = _limits(gw, await body(request))
+            cfg = _limits(ops.config(), await body(request))
         except (ConfigError, _Bad) as exc:
             return errors.error(400, str(exc))
-        gw.apply(cfg)
-        return web.json_response(config_summary(gw.cfg))
+        ops.apply(cfg)
+        return web.json_response(config_summary(ops.config()))
 
     async def reload(request: web.Request) -> web.Response:
-        from chatfleet.gateway.app import config_summary
-
-        if gw.config_path is None:
-            return errors.error(400, "the gateway was started without --config")
         try:
-            gw.reload()
+            ops.reload()
         except ConfigError as exc:
             return errors.error(400, f"not reloaded (the running configuration is kept): "
                                 f"{exc}")
-        return web.json_response(config_summary(gw.cfg))
+        return web.json_response(config_summary(ops.config()))
 
     r.add_get("/admin/replicas", list_replicas)
     r.add_post("/admin/replicas", add_replica)
@@ -111,11 +120,10 @@ def _count(value: object, what: str) -> int:
     return value
 
 
-def _limits(gw: Gateway, doc: dict[str, Any]) -> Any:
+def _limits(cfg: GatewayConfig, doc: dict[str, Any]) -> GatewayConfig:
     unknown = set(doc) - {"cap", "caps", "queue_depth", "keys"}
     if unknown:
         raise _Bad(f"unknown key(s) {sorted(unknown)}: use cap, caps, queue_depth, keys")
-    cfg = gw.cfg
     if "cap" in doc:
         cfg = dataclasses.replace(cfg, cap=_count(doc["cap"], "cap"), replicas=tuple(
             dataclasses.replace(x, cap=None) for x in cfg.replicas))

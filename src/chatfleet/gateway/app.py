@@ -4,18 +4,17 @@ Front: POST /v1/chat/completions and /v1/completions (streaming or not), GET /v1
 /health (the process is up), /ready (at least one replica takes requests), /metrics
 (Prometheus), /openapi.json (its OpenAPI description, gateway/openapi.py). Admin (admin key):
 /admin/replicas, /admin/limits, /admin/reload (gateway/admin.py).
-Background: health probes, the idle/total timeout sweep, and the config file watch.
+Background: health probes (one round before the gateway listens: a replica takes requests
+only once it has passed one), the idle/total timeout sweep, and the config file watch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import re
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +23,31 @@ import orjson
 from aiohttp import web
 
 from chatfleet.core.engine.step_time import StepTimeModel
-from chatfleet.core.fleet.admission import Decision, FleetRequest, retry_after
+from chatfleet.core.fleet.admission import FleetRequest
 from chatfleet.core.fleet.fleet import FleetTrace
 from chatfleet.core.fleet.prompt import PrefixCheck, canonicalize, describe
-from chatfleet.core.fleet.routing import is_returning, session_key
+from chatfleet.core.fleet.routing import SESSION_HEADER, is_returning, session_key
 from chatfleet.gateway import errors
+from chatfleet.gateway.admin import add_admin_routes
 from chatfleet.gateway.config import ConfigError, GatewayConfig, KeyConfig, Overrides, load_config
 from chatfleet.gateway.fleet import DecisionLog, LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics, exposition, registry
 from chatfleet.gateway.openapi import openapi
-from chatfleet.gateway.relay import Call, Relay, next_request_id
+from chatfleet.gateway.relay import (
+    Call,
+    Outcome,
+    Relay,
+    RelaySettings,
+    StreamWatch,
+    next_request_id,
+)
 from chatfleet.gateway.shared import SharedCaps
 from chatfleet.gateway.state import MemoryState, StateBackend, StateUnavailable
-from chatfleet.gateway.upstream import Exchange
 
 log = logging.getLogger("chatfleet.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:#-]{1,128}$")
 KEY = web.RequestKey("key", KeyConfig)
+MAX_JSON_DEPTH = 254  # arrays and objects; orjson reads 1,024 levels but writes only 254
 SWEEP_S = 0.5
 WATCH_S = 1.0
 MODELS_TTL_S = 30.0
@@ -67,6 +74,9 @@ def step_time_for(cfg: GatewayConfig) -> StepTimeModel:
 
 
 class Gateway:
+    """The wiring: the routes and middlewares, the fleet, the relay, the shared state and the
+    background tasks, built from the configuration; also the admin API's `AdminOps`."""
+
     def __init__(self, cfg: GatewayConfig, *, config_path: Path | None = None,
                  overrides: Overrides | None = None, decisions: DecisionLog | None = None,
                  step_time: StepTimeModel | None = None,
@@ -80,24 +90,20 @@ class Gateway:
         self.state: StateBackend = state if state is not None else MemoryState()
         self.metrics = GatewayMetrics()
         self._step_time = step_time or step_time_for(cfg)
-        self.key_in_flight: Counter[str] = Counter()
         self._live_ids: set[str] = set()
         self._publishing: set[asyncio.Task[None]] = set()
         self.prefix = PrefixCheck(cfg.shared_prompt)
         self._prefix_for = cfg.shared_prompt
-        self._watched: dict[int, tuple[Exchange, float]] = {}
+        self.watch = StreamWatch()
         self._tasks: list[asyncio.Task[None]] = []
         self._config_mtime = self._mtime()
         self._models: tuple[float, bytes] | None = None
         self._openapi: bytes | None = None
         self._session: aiohttp.ClientSession | None = None
-        self.relay = Relay(self)
         self.app = self._build_app()
 
     # --- wiring -------------------------------------------------------------------------------
     def _build_app(self) -> web.Application:
-        from chatfleet.gateway.admin import add_admin_routes
-
         app = web.Application(middlewares=[self._errors, self._auth],
                               client_max_size=2**40, handler_args={"max_field_size": 16384})
         r = app.router
@@ -118,12 +124,13 @@ class Gateway:
         self.fleet = LiveFleet(self.cfg, self._step_time, self.metrics, self.decisions,
                                self.fleet_trace)
         self.registry = registry(self.metrics, self.fleet.gauges)
-        st = self.cfg.state
-        self.shared = SharedCaps(self.state, self.fleet, self.metrics, refresh_s=st.refresh_s,
-                                 renew_s=st.lease_ttl_s / 3)
+        self.relay = Relay(self.fleet, self.metrics, relay_settings(self.cfg), self.watch,
+                           self.remember_session)
+        self.shared = SharedCaps(self.state, self.fleet, self.metrics, self.cfg.state)
         await self.shared.start()
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.cfg.timeouts.probe_s))
+        await self._probe_all()  # bounded by probe_s: the replicas that are up serve at once
         self._tasks = [asyncio.create_task(self._probe_loop()),
                        asyncio.create_task(self._sweep_loop())]
         if self.config_path is not None:
@@ -201,7 +208,7 @@ class Gateway:
             report = self.prefix.check(body)
             if report.checked and not report.matches:
                 self.metrics.prefix_mismatches += 1
-            if not report.matches or cfg.debug_headers:
+            if cfg.debug_headers:  # where a prompt differs tells a client the secret one
                 headers["x-chatfleet-prefix"] = describe(report)
         if stream:  # the answer's usage teaches the router the session's token counts
             opts = body.get("stream_options")
@@ -210,6 +217,8 @@ class Gateway:
                 opts["include_usage"] = True
                 body = {**body, "stream_options": opts}
         key = request.get(KEY)
+        if not _is_utf8(request.headers.get(SESSION_HEADER, "")):
+            raise BadRequest(400, "X-Session-ID must be UTF-8 text", SESSION_HEADER)
         rid = request.headers.get("X-Request-ID") or body.get("rid") or ""
         if not isinstance(rid, str) or not _REQUEST_ID.match(rid) or rid in self._live_ids:
             rid = next_request_id()
@@ -220,27 +229,24 @@ class Gateway:
             await self._adopt(skey)
             arrival = self.loop.time()
         returning = is_returning(body) or fleet.core.is_returning(skey, arrival)
-        freq = FleetRequest(rid, skey, arrival, returning)
-        if key is not None and key.max_concurrent is not None \
-                and self.key_in_flight[key.name] >= key.max_concurrent:
-            self.metrics.requests["shed"] += 1
-            self.metrics.shed["key_limit"] += 1
-            seconds, ms = retry_after(self.key_in_flight[key.name] - key.max_concurrent,
-                                      fleet.ac.drain_rate(None, arrival))
-            return errors.shed(Decision(freq, "shed", arrival, reason="key_limit",  # type: ignore[arg-type]
-                                        retry_after_s=seconds, retry_after_ms=ms), rid)
+        freq = FleetRequest(rid, skey, arrival, returning,
+                            key=key.name if key is not None else None)
         call = Call(rid, path, orjson.dumps(body), stream, freq, arrival, headers)
-        if key is not None:
-            self.key_in_flight[key.name] += 1
         self._live_ids.add(rid)
+        outcome = Outcome.ERROR
         try:
             # every wait inside is bounded: the queue by the deadline, the upstream by the
-            # connect and first-byte timeouts, the stream by the idle and total ones (sweep)
-            return await self.relay.run(request, call)
+            # connect and first-byte (or total) timeouts, the stream by the idle and total
+            # ones (sweep)
+            relayed = await self.relay.run(request, call)
+            outcome = relayed.outcome
+            return relayed.response
+        except (asyncio.CancelledError, ConnectionResetError):
+            outcome = Outcome.CANCELLED
+            raise
         finally:
             self._live_ids.discard(rid)
-            if key is not None:
-                self.key_in_flight[key.name] -= 1
+            self.metrics.count(outcome, slow_client=call.slow_client)  # the one count
 
     async def _adopt(self, key: str) -> None:
         """A session this gateway does not know: where did another gateway place it?"""
@@ -251,9 +257,10 @@ class Gateway:
         if replica is not None and replica in self.fleet.replicas:
             self.fleet.core.adopt_session(key, replica, self.loop.time())
 
-    def remember_session(self, key: str | None, replica: str) -> None:
+    def remember_session(self, request: FleetRequest, replica: str) -> None:
         """Publish where a session runs now (fire and forget: the next turn may come in
         through another gateway)."""
+        key = request.session_key
         if key is None or not self.shared.shared or not self.shared.up:
             return
         task = asyncio.create_task(self._publish(key, replica))
@@ -273,6 +280,11 @@ class Gateway:
                                          self.cfg.timeouts.client_body_s)
         except TimeoutError as exc:
             raise BadRequest(408, "the request body did not arrive in time") from exc
+        except ConnectionResetError as exc:  # nobody to answer: one line, no traceback
+            log.info("client %s left while sending its body (%s)", request.remote,
+                     type(exc).__name__)
+            self.metrics.client_left()
+            raise BadRequest(400, "the client went away before its body arrived") from exc
         if raw is None:
             raise BadRequest(413, f"the request body is larger than {limit} bytes")
         try:
@@ -281,6 +293,11 @@ class Gateway:
             raise BadRequest(400, f"the body is not valid JSON: {exc}") from exc
         if not isinstance(body, dict):
             raise BadRequest(400, "the body must be a JSON object")
+        try:  # what cannot be written cannot be forwarded: refuse it before trying
+            orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:
+            raise BadRequest(400, f"the body is nested too deeply: at most {MAX_JSON_DEPTH} "
+                             "levels of arrays and objects") from exc
         return body
 
     async def models(self, request: web.Request) -> web.Response:
@@ -311,11 +328,13 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        serving = [n for n, r in self.fleet.replicas.items() if r.serving]
+        reps = self.fleet.replicas.items()
+        serving = [n for n, r in reps if r.serving]
         status = 200 if serving else 503
         return web.json_response({"ready": bool(serving), "serving": serving,
-                                  "ejected": [n for n, r in self.fleet.replicas.items()
-                                              if not r.serving]}, status=status)
+                                  "ejected": [n for n, r in reps if r.health.ejected],
+                                  "pending": [n for n, r in reps if r.health.pending]},
+                                 status=status)
 
     async def metrics_route(self, request: web.Request) -> web.Response:
         return web.Response(body=exposition(self.registry),
@@ -327,10 +346,22 @@ class Gateway:
             self._openapi = orjson.dumps(openapi())
         return web.Response(body=self._openapi, content_type="application/json")
 
-    # --- configuration ------------------------------------------------------------------------
+    # --- configuration (AdminOps) ---------------------------------------------------------------
+    def config(self) -> GatewayConfig:
+        return self.cfg
+
+    def replicas(self) -> list[dict[str, Any]]:
+        f = self.fleet
+        return [{"name": n, "url": rep.config.url, "cap": rep.cap,
+                 "in_flight": f.in_flight(n), "serving": rep.serving,
+                 "ejected": rep.health.ejected, "pending": rep.health.pending}
+                for n, rep in f.replicas.items()]
+
     def apply(self, cfg: GatewayConfig) -> None:
         """Take a new configuration; streams keep running."""
         self.cfg = cfg
+        self.relay.settings = relay_settings(cfg)
+        self.shared.settings = cfg.state
         if cfg.shared_prompt != self._prefix_for:  # a new canonical prefix: check against it
             self.prefix = PrefixCheck(cfg.shared_prompt)
             self._prefix_for = cfg.shared_prompt
@@ -340,7 +371,9 @@ class Gateway:
 
     def reload(self) -> GatewayConfig:
         """Re-read the config file (plus the command line's flags); raises ConfigError and
-        keeps the running configuration when the file is bad."""
+        keeps the running configuration when the file is bad (or there is none)."""
+        if self.config_path is None:
+            raise ConfigError("the gateway was started without --config")
         cfg = self.overrides.apply(load_config(self.config_path))
         self.apply(cfg)
         return cfg
@@ -370,41 +403,47 @@ class Gateway:
         rep = self.fleet.replicas.get(name)
         if rep is None or self._session is None:
             return False
+        reason = ""
         try:
             async with self._session.get(rep.config.url + "/health") as r:
                 await r.read()
                 ok = r.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
+                reason = f"probe answered HTTP {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ok = False
-        self.fleet.report(name, ok, probe=True)
+            reason = f"probe failed: {type(exc).__name__}"
+        self.fleet.report(name, ok, probe=True, reason=reason)
         return ok
+
+    async def _probe_all(self) -> None:
+        names = list(self.fleet.replicas)
+        await asyncio.gather(*(self.probe(n) for n in names), return_exceptions=True)
 
     async def _probe_loop(self) -> None:
         while True:
-            names = list(self.fleet.replicas)
-            await asyncio.gather(*(self.probe(n) for n in names), return_exceptions=True)
             await asyncio.sleep(self.cfg.health.probe_interval_s)
-
-    def watch(self, ex: Exchange, arrival: float) -> int:
-        """Watch a stream for the idle timeout and the request's total one."""
-        self._watched[id(ex)] = (ex, arrival + self.cfg.timeouts.total_s)
-        return id(ex)
-
-    def unwatch(self, token: int) -> None:
-        self._watched.pop(token, None)
+            await self._probe_all()
 
     async def _sweep_loop(self) -> None:
         """Abort streams idle for longer than timeouts.idle_s, or past the request's total
         timeout: the client gets the SSE error event."""
         while True:
             await asyncio.sleep(SWEEP_S)
-            now = self.loop.time()
-            idle = self.cfg.timeouts.idle_s
-            for token, (ex, deadline) in list(self._watched.items()):
-                if now - ex.last_read > idle or now > deadline:
-                    ex.timed_out = True
-                    ex.abort_upstream()
-                    self._watched.pop(token, None)
+            self.watch.sweep(self.loop.time(), self.cfg.timeouts.idle_s)
+
+
+def relay_settings(cfg: GatewayConfig) -> RelaySettings:
+    return RelaySettings(cfg.timeouts, cfg.debug_headers)
+
+
+def _is_utf8(header: str) -> bool:
+    """aiohttp decodes header bytes as UTF-8 with surrogateescape: bytes that are not UTF-8
+    come back as lone surrogates, which nothing downstream can encode."""
+    try:
+        header.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _bearer(request: web.Request) -> str:
@@ -418,11 +457,15 @@ def _bearer(request: web.Request) -> str:
 async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
     parts: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            return None
-        parts.append(chunk)
+    try:
+        async for chunk in request.content.iter_chunked(65536):
+            size += len(chunk)
+            if size > limit:
+                return None
+            parts.append(chunk)
+    except web.RequestPayloadError as exc:  # a Content-Encoding that does not decode
+        raise BadRequest(400, "the body could not be decoded as its Content-Encoding "
+                         f"({request.headers.get('Content-Encoding', 'none')}) says") from exc
     return b"".join(parts)
 
 
@@ -449,12 +492,3 @@ def _models_body(ids: list[str]) -> bytes:
     return orjson.dumps({"object": "list", "data": [
         {"id": i, "object": "model", "created": created, "owned_by": "chatfleet"}
         for i in ids]})
-
-
-def config_summary(cfg: GatewayConfig) -> dict[str, Any]:
-    """What /admin/limits shows (no key material)."""
-    return {"cap": cfg.cap, "queue_depth": cfg.queue_depth,
-            "caps": {r.name: cfg.replica_cap(r) for r in cfg.replicas},
-            "keys": {k.name: k.max_concurrent for k in cfg.keys},
-            "ttft_budget_s": cfg.ttft_budget_s,
-            "timeouts": dataclasses.asdict(cfg.timeouts)}

@@ -17,17 +17,22 @@ import hmac
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
 
+from chatfleet.core.documents.fields import DocumentError
+from chatfleet.core.documents.sweep import SweepDoc
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.fleet.prompt import SharedPrompt
+from chatfleet.core.fleet.session import DEFAULT_SESSION_TTL_S
 
 
-class ConfigError(ValueError):
+class ConfigError(ChatfleetError):
     """A configuration that cannot be used, with the key that is wrong."""
 
 
@@ -36,8 +41,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
 
 def hash_key(key: str) -> str:
-    """What the config file stores for an API key."""
-    return HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()
+    """What the config file stores for an API key. A header's bytes that are not UTF-8 (aiohttp
+    keeps them as surrogates) hash as they came: such a key never matches, and never raises."""
+    return HASH_PREFIX + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def key_matches(key: str, stored: str) -> bool:
@@ -74,6 +80,19 @@ class Timeouts:
     total_s: float = 900.0  # a whole request, queueing included
     client_body_s: float = 10.0  # reading the client's request body
     probe_s: float = 1.0  # one health probe
+    client_header_s: float = 10.0  # a request head, from its first byte to its end
+    client_idle_s: float = 30.0  # a client connection with no request in progress
+
+
+# (lowest, highest) a timeout may be set to; unlisted ones only need to be positive
+TIMEOUT_BOUNDS: dict[str, tuple[float, float]] = {
+    # the sweep that cuts idle streams runs every 0.5 s, and a prefill stalls every running
+    # stream of its engine for its whole length: below a second, healthy streams get cut
+    "idle_s": (1.0, 3600.0),
+    "client_header_s": (0.5, 300.0),
+    "client_idle_s": (1.0, 3600.0),
+}
+MAX_CONNECTIONS_BOUNDS = (16, 1_000_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,18 +104,23 @@ class Health:
 
 @dataclass(frozen=True, slots=True)
 class StateSettings:
-    """The shared store (--state redis://...): how long a lease lives unrenewed (a crashed
-    gateway's slots come back after it), how often the counts are read, each call's timeout."""
+    """The shared store (--state redis://...), docs/gateway.md "Several gateways":
+    lease_ttl_s: a gateway silent this long is taken for dead (its shares free), and after
+    Redis starts empty no gateway grows its shares for this long; refresh_s: how often each
+    gateway syncs its shares; timeout_s: each call's timeout; gateways: how many gateways may
+    share the replicas (0: not known; each then serves nothing until Redis has confirmed its
+    shares), what a gateway that has never reached Redis divides each cap by."""
 
-    lease_ttl_s: float = 15.0
+    lease_ttl_s: float = 5.0
     refresh_s: float = 0.05
     timeout_s: float = 0.5
+    gateways: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Routing:
     affinity: bool = True
-    session_ttl_s: float = 600.0
+    session_ttl_s: float = DEFAULT_SESSION_TTL_S
     max_sessions: int = 1_000_000
     # the step-time model that prices a spill (recompute of a session's prefix elsewhere)
     gpu: str = "l4"
@@ -110,10 +134,10 @@ class Routing:
 class GatewayConfig:
     replicas: tuple[ReplicaConfig, ...] = ()
     cap: int = 8
-    queue_depth: int = 64
-    ttft_budget_s: float = 1.0
-    prefill_reserve_s: float = 0.0
-    prioritize_returning: bool = True
+    queue_depth: int = FleetSettings().queue_depth
+    ttft_budget_s: float = FleetSettings().ttft_budget_s
+    prefill_reserve_s: float = FleetSettings().prefill_reserve_s
+    prioritize_returning: bool = FleetSettings().prioritize_returning
     max_body_bytes: int = 4 * 1024 * 1024
     debug_headers: bool = False  # x-chatfleet-replica / -route on responses
     keys: tuple[KeyConfig, ...] = ()
@@ -124,6 +148,8 @@ class GatewayConfig:
     state: StateSettings = field(default_factory=StateSettings)
     shared_prompt: SharedPrompt = field(default_factory=SharedPrompt)
     served_model_name: str | None = None  # None: ask the replicas
+    # client connections open at once; None: from the descriptor limit (gateway/server.py)
+    max_connections: int | None = None
 
     def replica_cap(self, replica: ReplicaConfig) -> int:
         return self.cap if replica.cap is None else replica.cap
@@ -248,7 +274,8 @@ def _check_hash(value: object, where: str) -> str:
 
 TOP_KEYS = {"replicas", "cap", "queue_depth", "ttft_budget_s", "prefill_reserve_s",
             "prioritize_returning", "max_body_bytes", "debug_headers", "keys", "admin",
-            "timeouts", "health", "routing", "shared_prompt", "served_model_name", "state"}
+            "timeouts", "health", "routing", "shared_prompt", "served_model_name", "state",
+            "max_connections"}
 
 
 def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
@@ -262,13 +289,15 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
     s_raw = _section(raw, "state")
     _known(s_raw, "state", set(StateSettings.__dataclass_fields__))
     sd = StateSettings()
-    state = StateSettings(**{k: _num(s_raw, k, getattr(sd, k), "state")
+    state = StateSettings(**{k: _num(s_raw, k, getattr(sd, k), "state",
+                                     positive=k != "gateways", integer=k == "gateways")
                              for k in StateSettings.__dataclass_fields__})
     _known(t_raw, "timeouts", set(Timeouts.__dataclass_fields__))
     _known(h_raw, "health", set(Health.__dataclass_fields__))
     _known(r_raw, "routing", set(Routing.__dataclass_fields__))
     td, hd, rd = Timeouts(), Health(), Routing()
-    timeouts = Timeouts(**{k: _num(t_raw, k, getattr(td, k), "timeouts")
+    timeouts = Timeouts(**{k: _bounded(_num(t_raw, k, getattr(td, k), "timeouts"),
+                                       TIMEOUT_BOUNDS.get(k), f"timeouts.{k}")
                            for k in Timeouts.__dataclass_fields__})
     health = Health(
         probe_interval_s=_num(h_raw, "probe_interval_s", hd.probe_interval_s, "health"),
@@ -307,8 +336,17 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
         debug_headers=_bool(raw, "debug_headers", d.debug_headers, "config"),
         keys=_keys(raw.get("keys")), admin_sha256=admin_hash, timeouts=timeouts,
         health=health, routing=routing, state=state, shared_prompt=shared,
-        served_model_name=_str(raw, "served_model_name", None, "config"))
+        served_model_name=_str(raw, "served_model_name", None, "config"),
+        max_connections=None if raw.get("max_connections") is None else _bounded(
+            _num(raw, "max_connections", 0, "config", integer=True), MAX_CONNECTIONS_BOUNDS,
+            "max_connections"))
     return check(cfg)
+
+
+def _bounded(value: Any, bounds: tuple[float, float] | None, where: str) -> Any:
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise ConfigError(f"{where}: must lie in [{bounds[0]:g}, {bounds[1]:g}], not {value!r}")
+    return value
 
 
 def check(cfg: GatewayConfig) -> GatewayConfig:
@@ -324,6 +362,33 @@ def check(cfg: GatewayConfig) -> GatewayConfig:
     return cfg
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]
+    """YAML's safe loader, refusing a key that a mapping already has (YAML keeps the last one
+    silently: a second `timeouts:` once reset every other timeout)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str) and key in seen:
+                raise ConfigError(f"duplicate key {key!r} on line {line} (first on line "
+                                  f"{seen[key]}): YAML would keep only the last one")
+            if isinstance(key, str):
+                seen[key] = line
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"duplicate key {key!r}: JSON would keep only the last one")
+        out[key] = value
+    return out
+
+
 def load_config(path: Path | None) -> GatewayConfig:
     """The file's configuration (empty: the defaults). YAML, or JSON (a subset of YAML)."""
     if path is None:
@@ -333,7 +398,10 @@ def load_config(path: Path | None) -> GatewayConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        raw = (json.loads(text, object_pairs_hook=_unique_pairs) if path.suffix == ".json"
+               else yaml.load(text, Loader=_UniqueKeyLoader))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}:"
                           f" {exc}") from exc
@@ -351,6 +419,7 @@ class Overrides:
     replicas: tuple[str, ...] = ()
     cap: int | None = None
     queue_depth: int | None = None
+    gateways: int | None = None  # state.gateways
 
     def apply(self, cfg: GatewayConfig) -> GatewayConfig:
         if self.replicas:
@@ -364,19 +433,40 @@ class Overrides:
             if self.queue_depth < 0:
                 raise ConfigError("--queue-depth must not be negative")
             cfg = replace(cfg, queue_depth=self.queue_depth)
+        if self.gateways is not None:
+            if self.gateways < 1:
+                raise ConfigError("--gateways must be at least 1")
+            cfg = replace(cfg, state=replace(cfg.state, gateways=self.gateways))
         if not cfg.replicas:
             raise ConfigError("no replicas: pass --replica URL or list them in the config file")
         return check(cfg)
 
 
+def config_summary(cfg: GatewayConfig) -> dict[str, Any]:
+    """What /admin/limits shows (no key material)."""
+    return {"cap": cfg.cap, "queue_depth": cfg.queue_depth,
+            "caps": {r.name: cfg.replica_cap(r) for r in cfg.replicas},
+            "keys": {k.name: k.max_concurrent for k in cfg.keys},
+            "ttft_budget_s": cfg.ttft_budget_s,
+            "timeouts": asdict(cfg.timeouts)}
+
+
+def key_limits(cfg: GatewayConfig) -> dict[str, int]:
+    """API key name -> its limit on requests queued or in flight (keys with a limit)."""
+    return {k.name: k.max_concurrent for k in cfg.keys if k.max_concurrent is not None}
+
+
 def cap_from_sweep(path: Path) -> int:
     """A sweep document's `recommended_cap` (chatfleet.sweep/1)."""
     try:
-        doc = json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot read a sweep from {path}: {exc}") from exc
-    cap = doc.get("recommended_cap") if isinstance(doc, dict) else None
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+    try:
+        cap = SweepDoc.from_json(raw, str(path)).recommended_cap
+    except DocumentError as exc:
+        raise ConfigError(f"{exc}: --cap-from needs a chatfleet.sweep/1 document") from None
+    if cap is None or cap < 1:
         raise ConfigError(f"{path} has no recommended_cap (a chatfleet.sweep/1 document whose "
                           "knee was found carries one)")
     return cap

@@ -30,17 +30,21 @@ def error(status: int, message: str, code: str | None = None, param: str | None 
 
 
 def shed(d: Decision, request_id: str) -> web.Response:
-    """429 with Retry-After (whole seconds, RFC 9110) and retry-after-ms (openai-python)."""
+    """429 with Retry-After (whole seconds, RFC 9110) and retry-after-ms (openai-python); 503
+    with the same headers when no replica takes requests at all (reason no_replica)."""
     reasons = {"queue_full": "the queue is full", "deadline": "the wait would miss the "
-               "time-to-first-token target", "displaced": "a returning session took the "
-               "place in the queue", "key_limit": "this key's concurrent request limit is "
+               "time-to-first-token target", "displaced": "a request with priority took "
+               "the place in the queue", "key_limit": "this key's concurrent request limit is "
                "reached"}
     reason = d.reason or "queue_full"
+    headers = {"Retry-After": str(d.retry_after_s), "retry-after-ms": str(d.retry_after_ms),
+               "X-Request-ID": request_id}
+    if reason == "no_replica":
+        return error(503, f"no replica is serving (none has passed a health probe yet, or "
+                     f"all are ejected); retry after {d.retry_after_s} s", code=reason,
+                     headers=headers)
     return error(429, f"overloaded: {reasons.get(reason, reason)}; retry after "
-                 f"{d.retry_after_s} s", code=reason,
-                 headers={"Retry-After": str(d.retry_after_s),
-                          "retry-after-ms": str(d.retry_after_ms),
-                          "X-Request-ID": request_id})
+                 f"{d.retry_after_s} s", code=reason, headers=headers)
 
 
 def upstream_status(status: int) -> web.Response:

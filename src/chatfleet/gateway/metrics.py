@@ -57,22 +57,32 @@ class GatewayMetrics:
     upstream_failures: Counter[str] = field(default_factory=Counter)  # by replica
     ejections: Counter[str] = field(default_factory=Counter)  # by replica
     retries: int = 0
+    requeues: int = 0  # failed before the first byte, back to admission
     client_disconnects: int = 0
     prefix_mismatches: int = 0
     reloads: int = 0
     slow_clients: int = 0  # cut off for not reading their answer
-    lease_conflicts: int = 0  # another gateway took the last slot first
     state_failures: int = 0  # times the shared store stopped answering
     chunks: int = 0
+    client_connections: int = 0  # open now (gateway/connections.py)
+    connections_closed: Counter[str] = field(default_factory=Counter)  # by the guard, by reason
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
 
+    def count(self, outcome: str, *, slow_client: bool = False) -> None:
+        """How one request ended (the relay's Outcome): the one place requests are counted.
+        A cancelled request's client went away (or was cut off for not reading: slow)."""
+        outcome = str(outcome)
+        self.requests[outcome] += 1
+        if outcome == "cancelled":
+            self.client_disconnects += 1
+            if slow_client:
+                self.slow_clients += 1
+
     def client_left(self, slow: bool = False) -> None:
-        """A request ended because its client went away (or was cut off for not reading)."""
-        self.client_disconnects += 1
-        self.requests["cancelled"] += 1
-        if slow:
-            self.slow_clients += 1
+        """A request whose client went away before it reached the relay (while sending its
+        body): the same count as the relay's cancelled outcome."""
+        self.count("cancelled", slow_client=slow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +90,13 @@ class Gauges:
     queue_depth: int
     in_flight: dict[str, int]
     caps: dict[str, int]
+    shares: dict[str, int]  # this gateway's share of each cap (the cap itself, alone)
     healthy: dict[str, bool]
     sessions: int
     routes: dict[str, int]  # admissions by routing rule (core.fleet.Fleet.num_routes)
     state_up: int = 1  # 0 while the shared store is unreachable
     others: dict[str, int] = field(default_factory=dict)  # slots other gateways hold
+    session_bytes: int = 0  # the session table's size, as core/fleet/session.py counts it
 
 
 class _Collector:
@@ -97,12 +109,16 @@ class _Collector:
         for name, label, values, doc in (
             ("requests", "outcome", m.requests, "Requests by outcome (ok, shed, error, "
              "cancelled, timeout, rejected)."),
-            ("shed", "reason", m.shed, "Requests answered 429, by reason."),
+            ("shed", "reason", m.shed, "Requests shed, by reason: 429 (503 for no_replica)."),
             ("routes", "rule", g.routes, "Admissions by routing rule: hit (the session's "
              "home), spill (elsewhere), least_loaded (no session)."),
             ("upstream_failures", "replica", m.upstream_failures,
              "Failed exchanges with a replica."),
             ("ejections", "replica", m.ejections, "Times a replica was ejected."),
+            ("connections_closed", "reason", m.connections_closed, "Client connections the "
+             "gateway closed: idle (no request for timeouts.client_idle_s), header (a request "
+             "head slower than timeouts.client_header_s), evicted (the idlest, to make room "
+             "at max_connections), refused (503: at max_connections, none idle)."),
         ):
             c = CounterMetricFamily(PREFIX + name, doc, labels=[label])
             for k, v in sorted(values.items()):
@@ -110,16 +126,16 @@ class _Collector:
             yield c
         for name, value, doc in (
             ("retries", m.retries, "Requests retried on another replica before a byte."),
+            ("requeued", m.requeues, "Requests that failed at a replica before the first byte "
+             "and went back to admission (retried elsewhere when a slot frees in time)."),
             ("client_disconnects", m.client_disconnects, "Clients that left mid-request."),
             ("prefix_mismatches", m.prefix_mismatches, "Requests whose prompt prefix differs "
              "from the canonical shared prompt (pass-through mode)."),
             ("config_reloads", m.reloads, "Configuration reloads applied."),
             ("slow_clients", m.slow_clients, "Clients cut off because more than 1 MiB of "
              "their answer sat unread in the gateway."),
-            ("lease_conflicts", m.lease_conflicts, "Admissions undone because another gateway "
-             "took the replica's last slot first (the request went back to the queue)."),
             ("state_failures", m.state_failures, "Times the shared state store stopped "
-             "answering (each cap fell back to this gateway's share)."),
+             "answering (this gateway kept the shares it last had confirmed)."),
             ("chunks", m.chunks, "Stream chunks relayed."),
         ):
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
@@ -129,17 +145,24 @@ class _Collector:
                            "gateway relays them.")
         yield GaugeMetricFamily(PREFIX + "queue_depth", "Requests waiting for a slot.",
                                 value=g.queue_depth)
+        yield GaugeMetricFamily(PREFIX + "client_connections", "Client connections open.",
+                                value=m.client_connections)
         yield GaugeMetricFamily(PREFIX + "sessions", "Live sessions in the session table.",
                                 value=g.sessions)
+        yield GaugeMetricFamily(PREFIX + "session_bytes", "Bytes the session table holds "
+                                "(key bytes + 300 per entry; bounded at 64 MiB).",
+                                value=g.session_bytes)
         yield GaugeMetricFamily(PREFIX + "state_up", "1 while the shared state store answers "
                                 "(always 1 with --state memory).", value=g.state_up)
         for name, values, doc in (
             ("in_flight", g.in_flight, "Requests in flight per replica."),
             ("cap", g.caps, "Per-replica cap on requests in flight (fleet-wide)."),
+            ("share", g.shares, "This gateway's share of each replica's cap: what its own "
+             "requests may hold there (the whole cap with --state memory)."),
             ("other_gateways_in_flight", g.others, "Requests other gateways have in flight "
              "per replica (shared state)."),
             ("replica_healthy", {k: int(v) for k, v in g.healthy.items()},
-             "1 when the replica takes requests, 0 when ejected."),
+             "1 when the replica takes requests, 0 when ejected or not yet probed."),
         ):
             fam = GaugeMetricFamily(PREFIX + name, doc, labels=["replica"])
             for k, v in sorted(values.items()):

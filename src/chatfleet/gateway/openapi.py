@@ -17,8 +17,9 @@ unknown key, when keys are configured; the admin API without the admin key), 404
 path; the admin API when it is off; an unknown replica), 405 (a known path, another method:
 with Allow), 408 (the body did not arrive within timeouts.client_body_s), 413 (the body is
 larger than max_body_bytes), 422 (the engine answered 422), 429 (shed: Retry-After and
-retry-after-ms), 502 (no replica could take the request, or the engine failed), 503 (the
-engine was overloaded; no replica answered /v1/models; /ready with no replica serving), 504
+retry-after-ms), 502 (the replica failed before the first byte and no other could take the
+request, or the engine failed), 503 (no replica is serving: with Retry-After; the engine was
+overloaded; no replica answered /v1/models; /ready with no replica serving), 504
 (no response head within timeouts.first_byte_s). Every error body is OpenAI's
 `{"error": {"message", "type", "param", "code"}}`. A 500 is a bug in the gateway: it is not
 part of the contract.
@@ -144,14 +145,17 @@ SCHEMAS: dict[str, Schema] = {
     "Health": {"type": "object", "required": ["status"],
                "properties": {"status": {"const": "ok"}}},
     "Ready": {
-        "type": "object", "required": ["ready", "serving", "ejected"],
+        "type": "object", "required": ["ready", "serving", "ejected", "pending"],
         "properties": {"ready": _BOOL, "serving": {"type": "array", "items": _STR},
-                       "ejected": {"type": "array", "items": _STR}},
+                       "ejected": {"type": "array", "items": _STR},
+                       "pending": {"type": "array", "items": _STR,
+                                   "description": "not yet passed a health probe"}},
     },
     "Replica": {
-        "type": "object", "required": ["name", "url", "cap", "in_flight", "serving", "ejected"],
+        "type": "object",
+        "required": ["name", "url", "cap", "in_flight", "serving", "ejected", "pending"],
         "properties": {"name": _STR, "url": _STR, "cap": _INT, "in_flight": _INT,
-                       "serving": _BOOL, "ejected": _BOOL},
+                       "serving": _BOOL, "ejected": _BOOL, "pending": _BOOL},
     },
     "Replicas": {"type": "object", "required": ["replicas"],
                  "properties": {"replicas": {"type": "array", "items": _ref("Replica")}}},
@@ -200,15 +204,19 @@ def _ok(description: str, schema: Schema, media: str = JSON) -> dict[str, Any]:
     return {"description": description, "content": {media: {"schema": schema}}}
 
 
-_SHED = _error("shed: the queue is full, the wait would miss the TTFT budget, a returning "
-               "session took the place, or the key's concurrent limit is reached (code "
-               "queue_full, deadline, displaced, key_limit)", {
-                   "Retry-After": {"required": True, "description": "whole seconds, 1-60",
-                                   "schema": {"type": "string", "pattern": "^[0-9]+$"}},
-                   "retry-after-ms": {"required": True, "description": "milliseconds (what "
-                                      "openai-python reads)",
-                                      "schema": {"type": "string", "pattern": "^[0-9]+$"}},
-                   "X-Request-ID": _REQUEST_ID})
+_RETRY_HEADERS: dict[str, dict[str, Any]] = {
+    "Retry-After": {"required": True, "description": "whole seconds, 1-60",
+                    "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+    "retry-after-ms": {"required": True, "description": "milliseconds (what openai-python "
+                       "reads)", "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+    "X-Request-ID": _REQUEST_ID}
+# 503 carries them only for no_replica
+_OPTIONAL_RETRY_HEADERS = {k: {**v, "required": False} for k, v in _RETRY_HEADERS.items()}
+_SHED = _error("shed: the queue is full, the wait would miss the TTFT budget (a request that "
+               "failed at a replica before the first byte waits again with its original "
+               "deadline), a request with priority took the place, or the key's concurrent "
+               "limit is reached (code queue_full, deadline, displaced, key_limit)",
+               _RETRY_HEADERS)
 
 _AUTH_V1 = _error("keys are configured and the request has none, or an unknown one "
                   "(code invalid_api_key)")
@@ -241,8 +249,8 @@ def _generate(request: str, what: str) -> dict[str, Any]:
                                    "when stream is true",
                     "headers": {"X-Request-ID": _REQUEST_ID,
                                 "x-chatfleet-prefix": {
-                                    "description": "the shared-prefix check (on a mismatch, "
-                                                   "or with debug_headers)", "schema": _STR},
+                                    "description": "the shared-prefix check (with "
+                                                   "debug_headers only)", "schema": _STR},
                                 "x-chatfleet-replica": {
                                     "description": "the replica (with debug_headers)",
                                     "schema": _STR}},
@@ -256,9 +264,13 @@ def _generate(request: str, what: str) -> dict[str, Any]:
             "413": _error("the body is larger than max_body_bytes (or the engine said 413)"),
             "422": _error("the engine answered 422 (code engine_rejected)"),
             "429": _SHED,
-            "502": _error("no replica could take the request (code upstream_unavailable), or "
-                          "the engine failed (code engine_error)"),
-            "503": _error("the engine was overloaded (code engine_overloaded)"),
+            "502": _error("the replica failed before the first byte and no other replica could "
+                          "take the request (code upstream_unavailable), or the engine failed "
+                          "(code engine_error)"),
+            "503": _error("no replica is serving: none has passed a health probe, or all are "
+                          "ejected (code no_replica, with Retry-After and retry-after-ms); or "
+                          "the engine was overloaded (code engine_overloaded)",
+                          _OPTIONAL_RETRY_HEADERS),
             "504": _error("no response head within timeouts.first_byte_s (code "
                           "upstream_timeout)"),
         },

@@ -1,17 +1,27 @@
-"""One client request through the gateway: admission, the upstream exchange, the relay.
+"""One client request through the gateway: its slot, the upstream exchange, the relay.
 
 The order of things (docs/gateway.md):
-1. The body is read (bounded in size and time) and checked; the shared prompt is applied.
-2. The request is offered to admission (`core/fleet`): admitted to a replica, queued until a
-   slot or its deadline, or shed with 429 + Retry-After.
-3. The request goes upstream on a pooled connection. A failure before the response head is
-   retried once on another replica (a stale keep-alive connection is first retried on the same
-   replica, fresh). A non-200 head is replaced with the gateway's own error.
+1. The body is read (bounded in size and time) and checked; the shared prompt is applied
+   (app.py). A streamed answer needs chunked transfer: an HTTP/1.0 client asking for one gets
+   400 before anything is taken.
+2. The request's `Slot` (slots.py) is acquired: admitted to a replica, queued until a slot or
+   its deadline, or shed with 429 + Retry-After (503 when no replica serves; per-key limits
+   too, all the core's decisions).
+3. The request goes upstream on a pooled connection. A failure before the response head (a
+   stale keep-alive connection is first retried on the same replica, fresh) sends the request
+   back to admission (`Slot.retry_elsewhere`, the core's requeue), its deadline unchanged: it
+   goes on to another replica when one has room in time, or is shed with 429 + Retry-After;
+   the failure's own error (502) only when no other replica is in the fleet, or on a second
+   failure. A non-200 head is replaced with the gateway's own error. The head of a stream
+   must come within `first_byte_s`; a whole (non-streaming) answer's head comes when the
+   answer is done, so it is bounded by the request's `total_s`, and running past it is the
+   request's timeout, not the replica's failure.
 4. The body is relayed byte for byte. If the replica dies mid-stream the client gets an SSE
    error event and the connection closes; if the client leaves, the upstream connection is
-   dropped at once, which aborts the request at the engine.
-5. The slot is released exactly once, and the answer's usage teaches the router the session's
-   token counts.
+   dropped at once, which aborts the request at the engine. Whatever ends the exchange, the
+   upstream request is dropped with it.
+5. The slot is released exactly once (the Slot's context), the answer's usage teaches the
+   router the session's token counts, and `run` returns one `Outcome`, which the caller counts.
 """
 
 from __future__ import annotations
@@ -19,22 +29,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from chatfleet.core.fleet.admission import FleetRequest
+from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.gateway import errors
+from chatfleet.gateway.config import Timeouts
+from chatfleet.gateway.fleet import LiveFleet
+from chatfleet.gateway.metrics import GatewayMetrics
+from chatfleet.gateway.slots import Slot
 from chatfleet.gateway.upstream import Exchange, UpstreamError, request_bytes
-
-if TYPE_CHECKING:
-    from chatfleet.gateway.app import Gateway
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 JSON_HEADERS = {"Content-Type": "application/json"}
 _ids = itertools.count(1)
+
+
+class Outcome(StrEnum):
+    """How a request ended (`requests_total{outcome}`)."""
+
+    OK = "ok"  # the whole answer reached the client
+    SHED = "shed"  # 429 + Retry-After: the queue, the deadline, the key's limit
+    ERROR = "error"  # the gateway's or a replica's failure (502, 503, an SSE error event)
+    TIMEOUT = "timeout"  # 504, or a stream cut for its idle or total timeout
+    CANCELLED = "cancelled"  # the client went away (or was cut off for not reading)
+    REJECTED = "rejected"  # the request's own fault, seen upstream or here (a 4xx)
 
 
 @dataclass(slots=True)
@@ -48,128 +72,158 @@ class Call:
     fleet_request: FleetRequest
     arrival: float
     headers: dict[str, str] = field(default_factory=dict)  # extra response headers
-    replica: str | None = None
-    slot_held: bool = False
-    lease: str | None = None  # the shared store's lease on the slot
+    slow_client: bool = False  # it was cut off for leaving its answer unread
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    response: web.StreamResponse
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySettings:
+    """What the relay reads of the configuration (it changes at a reload)."""
+
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    debug_headers: bool = False
 
 
 def next_request_id() -> str:
     return f"gw-{next(_ids)}"
 
 
+class StreamWatch:
+    """The streams being relayed, for the idle timeout and each request's total one: `sweep`
+    aborts those past either (the client gets the SSE error event)."""
+
+    def __init__(self) -> None:
+        self._watched: dict[int, tuple[Exchange, float]] = {}
+
+    def watch(self, ex: Exchange, deadline: float) -> int:
+        self._watched[id(ex)] = (ex, deadline)
+        return id(ex)
+
+    def unwatch(self, token: int) -> None:
+        self._watched.pop(token, None)
+
+    def sweep(self, now: float, idle_s: float) -> None:
+        for token, (ex, deadline) in list(self._watched.items()):
+            if now - ex.last_read > idle_s or now > deadline:
+                ex.timed_out = True
+                ex.abort_upstream()
+                self._watched.pop(token, None)
+
+
 class Relay:
-    def __init__(self, gw: Gateway) -> None:
-        self.gw = gw
+    """The relay, with its dependencies given: the fleet (slots, replicas and their pools,
+    health reports, usage), the metrics it times streams into, its settings, the stream watch,
+    and `on_placed` (where a request's session now runs: the shared session map)."""
 
-    async def run(self, request: web.Request, call: Call) -> web.StreamResponse:
-        gw = self.gw
-        while True:
-            try:
-                d = await gw.fleet.acquire(call.fleet_request)
-            except asyncio.CancelledError:  # the client left while queued
-                gw.metrics.client_left()
-                raise
-            if d.shed:
-                gw.metrics.requests["shed"] += 1
-                return errors.shed(d, call.request_id)
-            assert d.replica is not None
-            call.replica, call.slot_held = d.replica, True
-            if await self._lease(call):
-                break
-            # another gateway took the replica's last slot first: back to the queue (its
-            # deadline unchanged); the core now knows the slot is gone
-            self._release(call)
-        gw.remember_session(call.fleet_request.session_key, d.replica)
-        try:
-            return await self._exchange(request, call)
-        finally:
-            self._release(call)
+    def __init__(self, fleet: LiveFleet, metrics: GatewayMetrics, settings: RelaySettings,
+                 watch: StreamWatch,
+                 on_placed: Callable[[FleetRequest, str], None] | None = None) -> None:
+        self.fleet = fleet
+        self.metrics = metrics
+        self.settings = settings
+        self.watch = watch
+        self.on_placed = on_placed
 
-    async def _lease(self, call: Call) -> bool:
-        assert call.replica is not None
-        rep = self.gw.fleet.replicas.get(call.replica)
-        cap = rep.cap if rep is not None else 0
-        call.lease = await self.gw.shared.acquire(call.replica, cap)
-        return call.lease is not None
+    async def run(self, request: web.Request, call: Call) -> Relayed:
+        if call.stream and request.version < (1, 1):
+            return Relayed(errors.error(400, "stream: true needs HTTP/1.1 (a stream is sent "
+                                        "with chunked transfer): send the request over "
+                                        "HTTP/1.1, or without stream", param="stream"),
+                           Outcome.REJECTED)
+        async with Slot(self.fleet, call.fleet_request, self.on_placed) as slot:
+            assert slot.decision is not None
+            if slot.shed:
+                return _shed(slot.decision, call)
+            return await self._exchange(request, call, slot)
 
-    def _release(self, call: Call) -> None:
-        if call.slot_held and call.replica is not None:
-            call.slot_held = False
-            if call.lease is not None:
-                self.gw.shared.release(call.replica, call.lease)
-                call.lease = None
-            self.gw.fleet.release(call.replica)
-
-    async def _exchange(self, request: web.Request, call: Call) -> web.StreamResponse:
-        gw = self.gw
-        t = gw.cfg.timeouts
+    async def _exchange(self, request: web.Request, call: Call, slot: Slot) -> Relayed:
+        fleet = self.fleet
+        t = self.settings.timeouts
         retried = False
         fresh = False
         while True:
-            assert call.replica is not None
-            rep = gw.fleet.replicas.get(call.replica)
-            ex = Exchange(gw.loop, self._timer(call) if call.stream else None,
+            assert slot.replica is not None
+            replica = slot.replica
+            rep = fleet.replicas.get(replica)
+            ex = Exchange(fleet.loop, self._timer(call) if call.stream else None,
                           keep_body=not call.stream)
+            # a stream's head comes at once; a whole answer's when it is done
+            head_s = t.first_byte_s if call.stream else max(
+                0.0, call.arrival + t.total_s - fleet.now())
             try:
                 if rep is None:
                     raise UpstreamError("replica removed", before_head=True)
                 up = await rep.pool.connect(t.connect_s, reuse=not fresh)
-                up.send(ex, request_bytes(call.path, rep.config.url[7:], call.body, call.stream,
-                                          call.request_id))
-                status, length = await asyncio.wait_for(asyncio.shield(ex.head),
-                                                        t.first_byte_s)
+                up.send(ex, request_bytes(call.path, f"{rep.config.host}:{rep.config.port}",
+                                          call.body, call.stream, call.request_id))
+                status, length = await asyncio.wait_for(asyncio.shield(ex.head), head_s)
             except UpstreamError as exc:
                 if exc.reused and not fresh:
                     fresh = True  # a keep-alive connection the replica had closed
                     continue
-                gw.fleet.report(call.replica, ok=False)
-                if retried or not await self._retry_elsewhere(call):
-                    gw.metrics.requests["error"] += 1
-                    return errors.error(502, "no replica could take the request",
-                                        code="upstream_unavailable")
+                fleet.report(replica, ok=False)
+                failed = await self._fail_over(call, slot, retried, errors.error(
+                    502, "no replica could take the request", code="upstream_unavailable"))
+                if failed is not None:
+                    return failed
                 retried, fresh = True, False
                 continue
             except TimeoutError:
                 ex.abort_upstream()
-                gw.fleet.report(call.replica, ok=False)
-                gw.metrics.requests["timeout"] += 1
-                return errors.error(504, f"the engine did not answer within "
-                                    f"{t.first_byte_s:g} s", code="upstream_timeout")
-            except asyncio.CancelledError:
+                if call.stream:
+                    fleet.report(replica, ok=False)
+                    return Relayed(errors.error(504, f"the engine did not answer within "
+                                                f"{t.first_byte_s:g} s",
+                                                code="upstream_timeout"), Outcome.TIMEOUT)
+                return Relayed(errors.error(504, f"the answer was not done within the "
+                                            f"request's total timeout, {t.total_s:g} s",
+                                            code="upstream_timeout"), Outcome.TIMEOUT)
+            except BaseException:  # the client left (cancelled), or anything else
                 ex.abort_upstream()
-                gw.metrics.client_left()
                 raise
             if status >= 500 or status == 429:
                 ex.abort_upstream()
-                gw.fleet.report(call.replica, ok=status == 429)
-                if not retried and await self._retry_elsewhere(call):
-                    retried, fresh = True, False
-                    continue
-                gw.metrics.requests["error"] += 1
-                return errors.upstream_status(status)
+                fleet.report(replica, ok=status == 429)
+                failed = await self._fail_over(call, slot, retried,
+                                               errors.upstream_status(status))
+                if failed is not None:
+                    return failed
+                retried, fresh = True, False
+                continue
             if status != 200:
                 ex.abort_upstream()
-                gw.fleet.report(call.replica, ok=True)  # the request's fault, not the replica's
-                gw.metrics.requests["rejected"] += 1
-                return errors.upstream_status(status)
-            return await self._relay(request, call, ex, length)
+                fleet.report(replica, ok=True)  # the request's fault, not the replica's
+                return Relayed(errors.upstream_status(status), Outcome.REJECTED)
+            try:
+                return await self._relay(request, call, replica, ex, length)
+            finally:
+                ex.abort_upstream()  # a no-op once the answer ended; else the engine stops
 
-    async def _retry_elsewhere(self, call: Call) -> bool:
-        assert call.replica is not None
-        failed = call.replica
-        self._release(call)
-        d = self.gw.fleet.admit_elsewhere(call.fleet_request, failed)
-        if d is None or d.replica is None:
-            return False
-        call.replica, call.slot_held = d.replica, True
-        if not await self._lease(call):
-            self._release(call)
-            return False
-        self.gw.metrics.retries += 1
-        return True
+    async def _fail_over(self, call: Call, slot: Slot, retried: bool,
+                         failure: web.Response) -> Relayed | None:
+        """The request failed at its replica before the first byte. The first time, it goes
+        back to admission (`Slot.retry_elsewhere`: its slot there frees, its deadline stays)
+        and None is returned once another replica's slot is held; a shed answers 429 +
+        Retry-After. `failure`, the failure's own error, is the answer on a second failure,
+        or when no other replica is in the fleet."""
+        if retried:
+            return Relayed(failure, Outcome.ERROR)
+        self.metrics.requeues += 1
+        d = await slot.retry_elsewhere()
+        if d.admitted:
+            self.metrics.retries += 1
+            return None
+        if d.reason == "no_replica":
+            return Relayed(failure, Outcome.ERROR)
+        return _shed(d, call)
 
     def _timer(self, call: Call) -> Any:
-        m = self.gw.metrics
+        m = self.metrics
         last: float | None = None
 
         def on_chunks(n: int, now: float) -> None:
@@ -187,13 +241,12 @@ class Relay:
 
         return on_chunks
 
-    async def _relay(self, request: web.Request, call: Call, ex: Exchange,
-                     length: int | None) -> web.StreamResponse:
-        gw = self.gw
+    async def _relay(self, request: web.Request, call: Call, replica: str, ex: Exchange,
+                     length: int | None) -> Relayed:
         headers = {**(SSE_HEADERS if call.stream and length is None else JSON_HEADERS),
                    "X-Request-ID": call.request_id, **call.headers}
-        if gw.cfg.debug_headers and call.replica is not None:
-            headers["x-chatfleet-replica"] = call.replica
+        if self.settings.debug_headers:
+            headers["x-chatfleet-replica"] = replica
         resp = web.StreamResponse(status=200, headers=headers)
         if length is None:
             resp.enable_chunked_encoding()
@@ -205,27 +258,22 @@ class Relay:
             if transport is None or transport.is_closing():
                 raise ConnectionResetError
             ex.start(transport)
-            watch = gw.watch(ex, call.arrival)
+            watch = self.watch.watch(ex, call.arrival + self.settings.timeouts.total_s)
             try:
                 await asyncio.shield(ex.done)
             finally:
-                gw.unwatch(watch)
+                self.watch.unwatch(watch)
         except asyncio.CancelledError:
-            ex.abort_upstream()
-            gw.metrics.client_left(ex.slow_client)
+            call.slow_client = ex.slow_client
             raise
         except ConnectionResetError:
-            ex.abort_upstream()
-            gw.metrics.client_left()
-            return resp
+            return Relayed(resp, Outcome.CANCELLED)
         except UpstreamError:
             if ex.client_gone:
-                gw.metrics.client_left(ex.slow_client)
+                call.slow_client = ex.slow_client
                 resp.force_close()
-                return resp
-            gw.metrics.requests["timeout" if ex.timed_out else "error"] += 1
-            assert call.replica is not None
-            gw.fleet.report(call.replica, ok=False)
+                return Relayed(resp, Outcome.CANCELLED)
+            self.fleet.report(replica, ok=False)
             resp.force_close()
             if length is None and transport is not None and not transport.is_closing():
                 transport.write(errors.sse_error_chunk())
@@ -234,17 +282,17 @@ class Relay:
                     await resp.write_eof()
             elif transport is not None:
                 transport.close()
-            return resp
-        assert call.replica is not None
-        gw.fleet.report(call.replica, ok=True)
-        gw.metrics.requests["ok"] += 1
+            return Relayed(resp, Outcome.TIMEOUT if ex.timed_out else Outcome.ERROR)
+        self.fleet.report(replica, ok=True)
         self._learn(call, ex)
-        if ex.client_gone or transport.is_closing():  # transport: checked before start
-            return resp
+        if ex.client_gone:  # it left before the end reached it
+            return Relayed(resp, Outcome.CANCELLED)
+        if transport.is_closing():  # (checked before start) it has it all, and closed
+            return Relayed(resp, Outcome.OK)
         _bypass_writer(resp)
         with contextlib.suppress(ConnectionError):
             await resp.write_eof()
-        return resp
+        return Relayed(resp, Outcome.OK)
 
     def _learn(self, call: Call, ex: Exchange) -> None:
         """The answer's usage: the session's prompt and cached tokens for the next turn."""
@@ -255,10 +303,16 @@ class Relay:
         prompt = usage.get("prompt_tokens")
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        self.gw.fleet.observe_usage(
+        self.fleet.observe_usage(
             call.fleet_request.session_key,
             prompt if isinstance(prompt, int) else None,
             cached if isinstance(cached, int) else None)
+
+
+def _shed(d: Decision, call: Call) -> Relayed:
+    """The core turned the request away: 429 + Retry-After (503 when no replica serves)."""
+    return Relayed(errors.shed(d, call.request_id),
+                   Outcome.ERROR if d.reason == "no_replica" else Outcome.SHED)
 
 
 def _bypass_writer(resp: web.StreamResponse) -> None:

@@ -1,160 +1,160 @@
-"""Global caps across gateways: each gateway's core sees, per replica, its cap minus what the
-other gateways hold, and takes a lease in the shared store before a request goes upstream.
+"""Caps across gateways: this gateway's share of each replica's cap, kept in step with Redis.
 
-- Every `refresh_s` the gateway reads the lease counts per replica; what the others hold is
-  that count minus its own leases, and the core's cap for the replica becomes the configured
-  cap minus that (never below 0). So the core still decides where and whether; a race between
-  two gateways for the last slot is settled by the store's atomic try-acquire, and the loser
-  puts its request back in its own queue.
-- Leases are renewed every `renew_s` while their streams run (a renewal re-adds a lease an
-  emptied Redis lost) and released when they end; a crashed gateway's leases expire.
-- When the store does not answer, the gateway falls back to its share of each cap (cap //
-  instances last seen, at least 1), says so in its metrics and log, and keeps probing; when the
-  store answers again it re-asserts its leases and reads the counts afresh.
+The protocol (docs/gateway.md, "Several gateways: the protocol"; the atomic step is state.py's
+`sync`). The invariant: at every replica, the requests all gateways have in flight never add
+up to more than its cap, whatever Redis does. Each gateway's core enforces its *share* of each
+cap and nothing else, and the shares add up to at most the cap:
+
+- **shared**: the last sync succeeded. Every `refresh_s` the gateway computes its fair share
+  of each replica (core/fleet/fairshare.py, from every gateway's published demand), lowers its
+  core's caps at once where the fair share is smaller (never below what runs there), and asks
+  Redis for the rest; a share grows only by what Redis confirms.
+- **fallback**: Redis did not answer (down, paused, slow, restarted and not yet reached). The
+  gateway cannot prove anything new, so it keeps the shares Redis last confirmed to it (they
+  still count in Redis, for everyone) and grows nothing; it still lowers them if its demand
+  falls. A gateway that has never reached Redis holds its fallback share, cap // gateways
+  when `state.gateways` is set, else nothing. It goes back to shared mode only through a sync
+  that succeeds: that is, after it has re-read the truth from Redis (a Redis restarted empty
+  answers with a new epoch, and for a lease TTL nobody's share grows past what it held).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import uuid
+from typing import Literal
 
+from chatfleet.core.fleet.fairshare import Demand, fair_shares
+from chatfleet.gateway.config import StateSettings
 from chatfleet.gateway.fleet import LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics
-from chatfleet.gateway.state import LEASE_TTL_S, StateBackend, StateUnavailable
+from chatfleet.gateway.state import ReplicaAsk, StateBackend, StateUnavailable, SyncRequest
 
 log = logging.getLogger("chatfleet.gateway.shared")
-REFRESH_S = 0.05
+Mode = Literal["shared", "fallback"]
 
 
 class SharedCaps:
-    def __init__(self, backend: StateBackend, fleet: LiveFleet, metrics: GatewayMetrics, *,
-                 refresh_s: float = REFRESH_S, renew_s: float = LEASE_TTL_S / 3) -> None:
+    def __init__(self, backend: StateBackend, fleet: LiveFleet, metrics: GatewayMetrics,
+                 settings: StateSettings) -> None:
         self.backend = backend
         self.fleet = fleet
         self.metrics = metrics
-        self.refresh_s = refresh_s
-        self.renew_s = renew_s
+        self.settings = settings
         self.instance = f"gw-{uuid.uuid4().hex[:12]}"
-        self.held: dict[str, str] = {}  # lease id -> replica
-        self.up = True
-        self.instances = 1
-        self._ids = itertools.count(1)
-        self._tasks: list[asyncio.Task[None]] = []
-        self._pending: set[asyncio.Task[None]] = set()
+        self.mode: Mode = "fallback"
+        self.epoch: str | None = None  # the epoch of the last sync (None: never synced)
+        self.grace = False
+        self.gateways = 1  # live gateways at the last sync
+        self.shares: dict[str, int] = {}  # what this gateway's core enforces, per replica
+        self.demands: dict[str, Demand] = {}  # every gateway's demand at the last sync
+        self._task: asyncio.Task[None] | None = None
 
     @property
     def shared(self) -> bool:
         return self.backend.shared
 
+    @property
+    def up(self) -> bool:
+        return self.mode == "shared"
+
+    def fallback_share(self, cap: int) -> int:
+        """What a gateway that has never reached Redis may run at a replica of `cap`."""
+        n = self.settings.gateways
+        return cap // n if n > 0 else 0
+
     async def start(self) -> None:
         if not self.shared:
             return
-        try:
+        self.shares = {n: self.fallback_share(rep.cap) for n, rep in self.fleet.replicas.items()}
+        self.fleet.set_shares(self.shares)
+        self.fleet.state_up = False
+        with contextlib.suppress(StateUnavailable):
             await self.backend.start(self.instance)
-            self.instances = await self.backend.heartbeat(self.instance)
-            await self.refresh()
-        except StateUnavailable as exc:
-            self._down(exc)
-        self._tasks = [asyncio.create_task(self._refresh_loop()),
-                       asyncio.create_task(self._renew_loop())]
+        await self.sync()
+        self._task = asyncio.create_task(self._loop())
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
+        if self._task is not None:
+            self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        for task in list(self._pending):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, 1.0)
+                await self._task
+        if self.shared:
+            with contextlib.suppress(Exception):
+                await self.backend.leave(self.instance, list(self.fleet.replicas))
         with contextlib.suppress(Exception):
             await self.backend.close()
 
-    # --- leases -------------------------------------------------------------------------------
-    async def acquire(self, replica: str, cap: int) -> str | None:
-        """A lease on a slot of `replica` (its id), or None when the fleet-wide cap is full.
-        Without a shared store, or while it is down, the local count (already held by the
-        core) is the only check."""
-        lease = f"{self.instance}:{next(self._ids)}"
-        if not self.shared:
-            return lease
-        if self.up:
-            try:
-                if not await self.backend.try_acquire(replica, cap, lease):
-                    self.metrics.lease_conflicts += 1
-                    await self.refresh()
-                    return None
-            except StateUnavailable as exc:
-                self._down(exc)
-        self.held[lease] = replica
-        return lease
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.refresh_s)
+            await self.sync()
 
-    def release(self, replica: str, lease: str) -> None:
-        if self.held.pop(lease, None) is None or not self.up:
-            return
-        task = asyncio.create_task(self._release(replica, lease))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+    def fair(self, caps: dict[str, int], mine: Demand) -> dict[str, int]:
+        """This gateway's fair share of each replica, from every gateway's last published
+        demand and its own of now."""
+        demands = {**self.demands, self.instance: mine}
+        return fair_shares(caps, demands)[self.instance]
 
-    async def _release(self, replica: str, lease: str) -> None:
+    async def sync(self) -> None:
+        """One step of the protocol (the module docstring)."""
+        fleet = self.fleet
+        caps = {n: rep.cap for n, rep in fleet.replicas.items()}
+        mine = fleet.demand()
+        wanted = self.fair(caps, mine)
+        self._lower({n: min(self.shares.get(n, 0), wanted[n]) for n in caps})
+        asks = tuple(ReplicaAsk(n, caps[n], wanted[n], fleet.in_flight(n),
+                                max(self.shares.get(n, 0), fleet.in_flight(n)))
+                     for n in caps)
         try:
-            await self.backend.release(replica, lease)
+            got = await self.backend.sync(SyncRequest(
+                self.instance, self.epoch, self.settings.gateways, self.settings.lease_ttl_s,
+                mine, asks))
         except StateUnavailable as exc:
             self._down(exc)
+            return
+        if self.epoch is not None and got.epoch != self.epoch:
+            log.warning("shared state lost its shares (Redis restarted empty?): shares "
+                        "re-asserted, none grows for %g s", self.settings.lease_ttl_s)
+        if got.grace and not self.grace and not self.settings.gateways \
+                and not any(got.shares.values()):
+            log.warning("Redis holds no state yet (a new epoch): this gateway gets its first "
+                        "share when the epoch settles, within %g s (set state.gateways to the "
+                        "number of gateways to start on cap // gateways at once)",
+                        self.settings.lease_ttl_s)
+        self.epoch, self.grace, self.gateways = got.epoch, got.grace, got.gateways
+        self.demands = got.demands
+        # Redis holds these for this gateway now (the fair share still caps them)
+        self._set({n: min(got.shares.get(n, 0), wanted[n]) for n in caps})
+        fleet.others = got.others_in_flight
+        if self.mode != "shared":
+            log.warning("shared state %s: shares of each cap from Redis (%d gateways)",
+                        "reached" if self.metrics.state_failures == 0 else "answers again",
+                        got.gateways)
+            self.mode = "shared"
+            fleet.state_up = True
 
-    # --- what the others hold -----------------------------------------------------------------
-    async def refresh(self) -> None:
-        names = list(self.fleet.replicas)
-        counts = await self.backend.counts(names)
-        mine: dict[str, int] = {}
-        for replica in self.held.values():
-            mine[replica] = mine.get(replica, 0) + 1
-        self.fleet.set_others({r: max(0, counts.get(r, 0) - mine.get(r, 0)) for r in names})
+    def _current(self, name: str) -> int:
+        return self.shares.get(name, 0)
 
-    async def _refresh_loop(self) -> None:
-        beat = 0.0
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            try:
-                if not self.up:  # the store is back? re-assert what we hold first
-                    await self.backend.renew(self._pairs())
-                    self._recovered()
-                if loop.time() - beat > 1.0:
-                    self.instances = await self.backend.heartbeat(self.instance)
-                    beat = loop.time()
-                await self.refresh()
-            except StateUnavailable as exc:
-                self._down(exc)
+    def _lower(self, shares: dict[str, int]) -> None:
+        """Smaller shares apply at once (running requests finish; nothing new goes over)."""
+        self._set({n: min(v, self._current(n)) for n, v in shares.items()})
 
-    async def _renew_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.renew_s)
-            if not self.up:
-                continue
-            try:
-                await self.backend.renew(self._pairs())
-            except StateUnavailable as exc:
-                self._down(exc)
+    def _set(self, shares: dict[str, int]) -> None:
+        if shares != self.shares:
+            self.shares = shares
+            self.fleet.set_shares(shares)
 
-    def _pairs(self) -> list[tuple[str, str]]:
-        return [(replica, lease) for lease, replica in self.held.items()]
-
-    # --- fallback -----------------------------------------------------------------------------
     def _down(self, exc: Exception) -> None:
-        if self.up:
-            log.error("shared state unavailable (%s): each replica's cap falls back to this "
-                      "gateway's share (1/%d)", exc, self.instances)
+        if self.mode == "shared" or self.metrics.state_failures == 0:
+            held = ", ".join(f"{n} {v}" for n, v in sorted(self.shares.items()))
+            if self.epoch is None and not self.settings.gateways:
+                held += " (it has never reached Redis and state.gateways is not set)"
+            log.error("shared state unavailable (%s): this gateway keeps the shares Redis "
+                      "last confirmed and grows none until it answers: %s", exc, held)
             self.metrics.state_failures += 1
-        self.up = False
+        self.mode = "fallback"
         self.fleet.state_up = False
-        self.fleet.set_share(self.instances)
-
-    def _recovered(self) -> None:
-        log.warning("shared state is back: fleet-wide caps again")
-        self.up = True
-        self.fleet.state_up = True
-        self.fleet.set_share(1)

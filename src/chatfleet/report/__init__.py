@@ -3,6 +3,7 @@
     from chatfleet.report import build_report
     written = build_report(["out/l4-bf16", "out/l4-fp8"], out_dir="out/cmp")
     written.html, written.markdown
+    build_report(["out/demo/twin-fp8.json"], live_proof="out/demo/live/proof.json")
 
 Input errors raise `ReportInputError` (a ValueError). See docs/report.md.
 """
@@ -13,15 +14,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chatfleet.io import write_atomic
+from chatfleet.report.html import render_html
 from chatfleet.report.load import ReportInputError, Sweep, load_sweep, load_sweeps
+from chatfleet.report.markdown import render_markdown
+from chatfleet.report.plots import all_plots
+from chatfleet.report.proof import PROOF_SCHEMA, LiveProof, load_live_proof
 
 __all__ = [
+    "PROOF_SCHEMA",
+    "LiveProof",
     "ReportInputError",
     "ReportPaths",
     "Sweep",
     "build_report",
     "default_out_dir",
     "default_title",
+    "load_live_proof",
     "load_sweep",
     "load_sweeps",
     "render_report",
@@ -48,25 +57,26 @@ def default_title(sweeps: Sequence[Sweep]) -> str:
     return "chatfleet sweep report: " + " vs ".join(s.label for s in sweeps)
 
 
-def render_report(sweeps: Sequence[Sweep], title: str | None = None) -> tuple[str, str]:
-    """(HTML, Markdown) of the report over loaded sweeps."""
-    from chatfleet.report.html import render_html
-    from chatfleet.report.markdown import render_markdown
-    from chatfleet.report.plots import all_plots
-
+def render_report(sweeps: Sequence[Sweep], title: str | None = None,
+                  proof: LiveProof | None = None) -> tuple[str, str]:
+    """(HTML, Markdown) of the report over loaded sweeps, with the live proof when given."""
     title = title or default_title(sweeps)
-    return render_html(sweeps, all_plots(sweeps), title), render_markdown(sweeps, title)
+    return (render_html(sweeps, all_plots(sweeps), title, proof),
+            render_markdown(sweeps, title, proof))
 
 
 def build_report(
     sources: Sequence[str | Path],
     out_dir: str | Path | None = None,
     title: str | None = None,
+    live_proof: str | Path | None = None,
 ) -> ReportPaths:
-    """Read the sweeps and write OUT/report.html and OUT/report.md (OUT defaults to the first
-    sweep's directory, or a bare sweep file's folder). Raises ReportInputError on bad input."""
+    """Read the sweeps (and the chatfleet.live-proof/1 file `live_proof`, when given) and write
+    OUT/report.html and OUT/report.md (OUT defaults to the first sweep's directory, or a bare
+    sweep file's folder). Raises ReportInputError on bad input."""
     sweeps = load_sweeps(list(sources))
-    html_text, md_text = render_report(sweeps, title)
+    proof = load_live_proof(live_proof) if live_proof is not None else None
+    html_text, md_text = render_report(sweeps, title, proof)
     out = Path(out_dir) if out_dir is not None else default_out_dir(sources[0])
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -79,10 +89,7 @@ def build_report(
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, text)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise ReportInputError(f"cannot write {path}: {exc}") from exc

@@ -9,6 +9,7 @@ from html import escape
 from chatfleet import __version__
 from chatfleet.report.load import Sweep
 from chatfleet.report.plots import Plot
+from chatfleet.report.proof import LiveProof, headline, outcome_table, replica_table, setup_line
 from chatfleet.report.tables import Table, knee_lines, points_table, setup_table, summary_table
 
 CSS = """
@@ -50,6 +51,12 @@ figure.plot { margin: 18px 0 30px; padding: 12px 14px; border: 1px solid var(--l
 figure.plot h3 { margin-top: 0; }
 figure.plot svg { display: block; width: 100%; max-width: 1260px; height: auto; margin: 0 auto; }
 figcaption { color: var(--muted); font-size: 14px; margin-top: 6px; }
+section.proof { border: 1px solid var(--line); border-left: 5px solid #2e7d32; border-radius: 6px;
+                padding: 4px 18px 10px; margin: 24px 0; }
+section.proof.broken { border-left-color: var(--bad); }
+section.proof h3 { font-size: 18px; margin-top: 14px; }
+p.headline { font-size: 17px; font-weight: 600; margin: 4px 0 10px; }
+.cards { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
 footer { color: var(--muted); font-size: 13px; margin-top: 36px; border-top: 1px solid var(--line);
          padding-top: 10px; }
 """
@@ -74,8 +81,18 @@ def _anchor(i: int) -> str:
     return f"sweep-{i + 1}"
 
 
-def render_html(sweeps: Sequence[Sweep], plots: Sequence[Plot], title: str) -> str:
-    """The whole report as one HTML document."""
+def _proof_section(proof: LiveProof) -> str:
+    cls = "proof" if proof.held else "proof broken"
+    return (f'<section id="live-proof" class="{cls}"><h3>Live proof: the gateway\'s cap</h3>'
+            f'<p class="headline">{escape(headline(proof))}</p>'
+            f'<p class="meta">{escape(setup_line(proof))}</p><div class="cards">'
+            f'<div>{_table(outcome_table(proof), "summary proof-outcomes")}</div>'
+            f'<div>{_table(replica_table(proof), "proof-replicas")}</div></div></section>')
+
+
+def render_html(sweeps: Sequence[Sweep], plots: Sequence[Plot], title: str,
+                proof: LiveProof | None = None) -> str:
+    """The whole report as one HTML document (with the live proof's section when given)."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -85,6 +102,7 @@ def render_html(sweeps: Sequence[Sweep], plots: Sequence[Plot], title: str) -> s
         f'<p class="meta">chatfleet {escape(__version__)} sweep report: '
         f"{escape(', '.join(s.label for s in sweeps))}. All times are model times.</p>",
         "<nav>" + '<a href="#summary">Summary</a>'
+        + ('<a href="#live-proof">Live proof</a>' if proof is not None else "")
         + "".join(f'<a href="#plot-{escape(p.key)}">{escape(p.title)}</a>' for p in plots)
         + "".join(f'<a href="#{_anchor(i)}">Points: {escape(s.label)}</a>'
                   for i, s in enumerate(sweeps))
@@ -99,6 +117,8 @@ def render_html(sweeps: Sequence[Sweep], plots: Sequence[Plot], title: str) -> s
         parts.append('<div class="warnings"><strong>Input warnings</strong><ul>'
                      + "".join(f"<li>{escape(w)}</li>" for w in warnings) + "</ul></div>")
     parts.append(_table(summary_table(sweeps), "summary"))
+    if proof is not None:  # the live run beside the sweeps' answer, before the detail
+        parts.append(_proof_section(proof))
     parts.append("<h3>Target and workload</h3>")
     parts.append(_table(setup_table(sweeps), "summary setup"))
     parts.append('</section><section id="plots"><h2>Plots</h2>')

@@ -9,9 +9,11 @@ A sweep directory, as `chatfleet sweep --out DIR` writes it::
     DIR/runs/NNN/engine.jsonl       engine scrapes {"t", "running", "queue", "token_usage", ...}
 
 When sweep.json is missing but runs.jsonl exists (an interrupted sweep), the document is rebuilt
-from runs.jsonl with `chatfleet.core.metrics.sweep_document`. A truncated last line of a JSONL
-file (a run cut short while it was being written) is skipped with a warning; any other malformed
-line is an error. Every error of the input is a `ReportInputError` (a ValueError).
+from runs.jsonl with `chatfleet.core.measure.knee.sweep_document`. The checked JSON becomes a
+typed `SweepDoc` (`core.documents.sweep`); the report reads its attributes. A truncated last
+line of a JSONL file (a run cut short while it was being written) is skipped with a warning;
+any other malformed line is an error. Every error of the input is a `ReportInputError`
+(a ValueError).
 """
 
 from __future__ import annotations
@@ -19,11 +21,22 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from chatfleet.core.metrics import MODES, SCHEMA, SLO, sweep_document
+from chatfleet.core.documents.fields import DocumentError
+from chatfleet.core.documents.sweep import (
+    MODES,
+    SCHEMA,
+    SweepDoc,
+    SweepPoint,
+    Target,
+    points_from_json,
+)
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.measure.knee import sweep_document
+from chatfleet.core.slo import SLO
 
 SWEEP_FILE = "sweep.json"
 RUNS_FILE = "runs.jsonl"
@@ -31,7 +44,7 @@ META_FILE = "meta.json"
 SUMMARY_KEYS = ("knee", "knee_rate", "throughput_peak", "recommended_cap")
 
 
-class ReportInputError(ValueError):
+class ReportInputError(ChatfleetError):
     """The report's input is missing or is not a readable chatfleet.sweep/1 sweep."""
 
 
@@ -69,7 +82,7 @@ class Sweep:
 
     source: Path  # the directory (or the bare sweep file) given
     base: Path  # the folder that relative run file paths start from
-    doc: dict[str, Any]
+    doc: SweepDoc
     label: str = ""
     rebuilt: bool = False  # rebuilt from runs.jsonl (sweep.json missing)
     warnings: list[str] = field(default_factory=list)
@@ -77,8 +90,8 @@ class Sweep:
     engine: dict[int, Series] = field(default_factory=dict)  # point index -> scrapes
 
     @property
-    def points(self) -> list[dict[str, Any]]:
-        return list(self.doc.get("points", []))
+    def points(self) -> tuple[SweepPoint, ...]:
+        return self.doc.points
 
 
 def number(value: Any) -> float | None:
@@ -168,29 +181,34 @@ def check_document(doc: Any, where: str) -> dict[str, Any]:
     return doc
 
 
-def slo_of(doc: Mapping[str, Any]) -> SLO:
+def _typed(doc: dict[str, Any], where: str) -> SweepDoc:
     try:
-        return SLO.from_json(doc.get("slo") or {})
-    except (TypeError, ValueError) as exc:
-        raise ReportInputError(f"bad 'slo' block: {exc}") from exc
+        return SweepDoc.from_json(doc, where)
+    except DocumentError as exc:
+        raise ReportInputError(str(exc)) from None
 
 
-def _rebuild(points: list[dict[str, Any]], meta: Mapping[str, Any],
-             given: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The document over `points`, with knee, peak and cap recomputed."""
-    src = given or meta
+def _rebuild(points: Sequence[SweepPoint], meta: Mapping[str, Any],
+             given: SweepDoc | None = None, given_slo: Mapping[str, Any] | None = None
+             ) -> SweepDoc:
+    """The document over `points`, with knee, peak and cap recomputed (and the rest of
+    `given`, a document that lacks them, kept)."""
+    src: Mapping[str, Any] = meta if given is None else {"slo": given_slo or {},
+                                                         "cap_margin": given.cap_margin}
     slo_json = dict(src.get("slo") or {})
-    if "itl_stat" not in slo_json and points and points[0].get("itl_stat"):
-        slo_json["itl_stat"] = points[0]["itl_stat"]
+    if "itl_stat" not in slo_json and points and points[0].itl_stat:
+        slo_json["itl_stat"] = points[0].itl_stat
     try:
         slo = SLO.from_json(slo_json)
         cap_margin = int(src.get("cap_margin", 0) or 0)
-        doc = sweep_document(src.get("target") or {}, src.get("workload") or {}, slo, points,
-                             cap_margin=cap_margin)
+        target = given.target if given is not None else Target(dict(meta.get("target") or {}))
+        workload = given.workload if given is not None else meta.get("workload") or {}
+        doc = sweep_document(target, workload, slo, points, cap_margin=cap_margin)
     except (TypeError, ValueError, KeyError) as exc:
         raise ReportInputError(f"cannot rebuild the sweep from its runs: {exc}") from exc
     if given is not None:
-        doc = {**given, **{k: doc[k] for k in (*SUMMARY_KEYS, "slo")}}
+        doc = replace(given, slo=slo, knee=doc.knee, knee_rate=doc.knee_rate,
+                      throughput_peak=doc.throughput_peak, recommended_cap=doc.recommended_cap)
     return doc
 
 
@@ -214,18 +232,22 @@ def load_sweep(path: str | Path) -> Sweep:
                 raise ReportInputError(f"{src / META_FILE}: expected a JSON object")
             meta = meta_doc
         if sweep_file.is_file():
-            doc = check_document(read_json(sweep_file, "sweep document"), str(sweep_file))
+            raw = check_document(read_json(sweep_file, "sweep document"), str(sweep_file))
             if runs_file.is_file():
                 runs = read_jsonl(runs_file, "finished runs", warnings)
-                if len(runs) > len(doc["points"]):
+                if len(runs) > len(raw["points"]):
                     warnings.append(
                         f"{runs_file} holds {len(runs)} runs but {sweep_file} only "
-                        f"{len(doc['points'])} points: reporting {SWEEP_FILE}")
+                        f"{len(raw['points'])} points: reporting {SWEEP_FILE}")
         elif runs_file.is_file():
             runs = read_jsonl(runs_file, "finished runs", warnings)
-            points = [_check_point(p, f"{runs_file}, run {i}") for i, p in enumerate(runs)]
-            if not points:
+            rows = [_check_point(p, f"{runs_file}, run {i}") for i, p in enumerate(runs)]
+            if not rows:
                 raise ReportInputError(f"{runs_file} holds no finished run: nothing to report")
+            try:
+                points = points_from_json(rows, str(runs_file))
+            except DocumentError as exc:
+                raise ReportInputError(str(exc)) from None
             doc = _rebuild(points, meta)
             rebuilt = True
             warnings.append(f"no {SWEEP_FILE} in {src} (an interrupted sweep?): rebuilt from "
@@ -237,25 +259,28 @@ def load_sweep(path: str | Path) -> Sweep:
             )
     elif src.is_file():
         base = src.parent
-        doc = check_document(read_json(src, "sweep document"), str(src))
+        raw = check_document(read_json(src, "sweep document"), str(src))
     else:
         raise ReportInputError(f"no such sweep directory or file: {src}")
-    missing = [k for k in SUMMARY_KEYS if k not in doc]
-    if missing and doc["points"]:
-        doc = _rebuild(doc["points"], {}, given=doc)
-        warnings.append(f"{src}: no {', '.join(missing)} in the document: recomputed")
+    if not rebuilt:
+        doc = _typed(raw, str(src))
+        missing = [k for k in SUMMARY_KEYS if k not in raw]
+        if missing and doc.points:
+            doc = _rebuild(doc.points, {}, given=doc, given_slo=raw.get("slo"))
+            warnings.append(f"{src}: no {', '.join(missing)} in the document: recomputed")
     sweep = Sweep(source=src, base=base, doc=doc, rebuilt=rebuilt, warnings=warnings)
     _load_run_files(sweep)
     return sweep
 
 
-def _run_file(sweep: Sweep, point: Mapping[str, Any], kind: str) -> Path | None:
-    files = point.get("files")
-    if isinstance(files, dict) and isinstance(files.get(kind), str):
-        p = Path(files[kind])
+def _run_file(sweep: Sweep, point: SweepPoint, kind: str) -> Path | None:
+    files = None if point.live is None else point.live.files
+    named = None if files is None else files.get(kind)
+    if named is not None:
+        p = Path(named)
         return p if p.is_absolute() else sweep.base / p
-    idx = point.get("run_index")
-    if isinstance(idx, int) and not isinstance(idx, bool):
+    idx = point.run_index
+    if idx is not None:
         guess = sweep.base / "runs" / f"{idx:03d}" / f"{kind}.jsonl"
         if guess.is_file():
             return guess
@@ -276,7 +301,7 @@ def _load_run_files(sweep: Sweep) -> None:
                 store[i] = Series(path, rows)
 
 
-def sweep_label(target: Mapping[str, Any]) -> str:
+def sweep_label(target: Target) -> str:
     """'L4 BF16', 'L4 FP8', 'L4 FP8 / KV BF16' from target.gpu, weights and kv_cache."""
     gpu = str(target.get("gpu") or "").upper()
     weights = str(target.get("weights") or "").upper()
@@ -295,7 +320,7 @@ def load_sweeps(paths: Sequence[str | Path]) -> list[Sweep]:
     sweeps = [load_sweep(p) for p in paths]
     for s in sweeps:
         name = s.source.name if s.source.is_dir() else s.source.stem
-        s.label = sweep_label(s.doc.get("target") or {}) or name or str(s.source)
+        s.label = sweep_label(s.doc.target) or name or str(s.source)
     seen: dict[str, int] = {}
     for s in sweeps:
         seen[s.label] = seen.get(s.label, 0) + 1

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from chatfleet import __version__
 from chatfleet.report.load import Sweep
+from chatfleet.report.proof import LiveProof, headline, outcome_table, replica_table, setup_line
 from chatfleet.report.tables import Table, knee_lines, points_table, setup_table, summary_table
 
 
@@ -25,7 +26,12 @@ def md_table(t: Table) -> str:
     return out
 
 
-def render_markdown(sweeps: Sequence[Sweep], title: str) -> str:
+def proof_markdown(proof: LiveProof) -> list[str]:
+    return ["### Live proof: the gateway's cap", "", f"**{headline(proof)}**", "",
+            setup_line(proof), "", md_table(outcome_table(proof)), md_table(replica_table(proof))]
+
+
+def render_markdown(sweeps: Sequence[Sweep], title: str, proof: LiveProof | None = None) -> str:
     parts = [f"# {title}", "",
              f"chatfleet {__version__} sweep report: {', '.join(s.label for s in sweeps)}. "
              "All times are model times; the plots are in report.html.", "", "## Summary", ""]
@@ -35,8 +41,10 @@ def render_markdown(sweeps: Sequence[Sweep], title: str) -> str:
     warnings = [w for s in sweeps for w in s.warnings]
     if warnings:
         parts += ["**Input warnings**", ""] + [f"- {w}" for w in warnings] + [""]
-    parts += [md_table(summary_table(sweeps)), "### Target and workload", "",
-              md_table(setup_table(sweeps)), "## Points", ""]
+    parts.append(md_table(summary_table(sweeps)))
+    if proof is not None:
+        parts += proof_markdown(proof)
+    parts += ["### Target and workload", "", md_table(setup_table(sweeps)), "## Points", ""]
     for s in sweeps:
         parts += [f"### {s.label}", "", md_table(points_table(s))]
     return "\n".join(parts).rstrip() + "\n"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import io
 import re
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import matplotlib
@@ -26,19 +26,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import (
-    FixedLocator,
-    FuncFormatter,
-    LogLocator,
-    NullFormatter,
-    NullLocator,
-)
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from chatfleet.core.metrics import load_value
+from chatfleet.core.documents.sweep import Knee, SweepPoint
+from chatfleet.report import human
 from chatfleet.report.load import Series, Sweep, number
-from chatfleet.report.tables import fmt_load_value, get, load_text
+from chatfleet.report.tables import load_text
+from chatfleet.report.ticks import set_load_ticks, thin_labels
 
-Getter = Callable[[Mapping[str, Any]], float | None]
+Getter = Callable[[SweepPoint], float | None]
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
           "#bcbd22", "#7f7f7f", "#d62728")
@@ -68,12 +64,14 @@ MAX_LINE_SAMPLES = 2000
 
 @dataclass(slots=True)
 class Plot:
-    """One figure of the report: an anchor, a title, a caption and the inline SVG."""
+    """One figure of the report: an anchor, a title, a caption and the inline SVG (and the
+    matplotlib figure it was drawn from, for whoever wants to measure it)."""
 
     key: str
     title: str
     caption: str
     svg: str
+    figure: Figure | None = field(default=None, repr=False, compare=False)
 
 
 def _style() -> Any:
@@ -86,16 +84,17 @@ def color(i: int) -> str:
 
 
 def modes_of(sweeps: Sequence[Sweep]) -> list[str]:
-    present = {p["load"]["mode"] for s in sweeps for p in s.points}
+    present = {p.load.mode for s in sweeps for p in s.points}
     return [m for m in ("closed", "open") if m in present]
 
 
-def _mode_points(sweep: Sweep, mode: str) -> list[Mapping[str, Any]]:
-    pts = [p for p in sweep.points if p["load"]["mode"] == mode]
-    return sorted(pts, key=lambda p: float(load_value(p)))
+def _mode_points(sweep: Sweep, mode: str) -> list[SweepPoint]:
+    pts = [p for p in sweep.points if p.load.mode == mode]
+    return sorted(pts, key=lambda p: float(p.load.value))
 
 
 def _svg_of(fig: Figure, salt: str) -> str:
+    thin_labels(fig)  # the load axes' labels that would collide become unlabelled ticks
     buf = io.StringIO()
     with rc_context(cast(Any, {"svg.hashsalt": salt, "svg.fonttype": "none"})):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None,
@@ -120,20 +119,13 @@ def _new_figure(ncols: int, nrows: int, width_per_col: float = 6.2,
 
 
 def _load_axis(ax: Axes, loads: Sequence[float], mode: str, label: bool = True) -> None:
-    xs = sorted({x for x in loads if x > 0})
-    if xs and xs[-1] / xs[0] >= 8:
-        ax.set_xscale("log", base=2 if mode == "closed" else 10)
-    if xs:
-        ticks = xs if len(xs) <= 14 else xs[:: max(1, len(xs) // 10)]
-        ax.xaxis.set_major_locator(FixedLocator(ticks))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([fmt_load_value(x) for x in ticks])
+    set_load_ticks(ax, loads, mode)
     if label:
         ax.set_xlabel(MODE_AXIS[mode])
 
 
 def _loads(sweeps: Sequence[Sweep], mode: str) -> list[float]:
-    return [float(load_value(p)) for s in sweeps for p in _mode_points(s, mode)]
+    return [float(p.load.value) for s in sweeps for p in _mode_points(s, mode)]
 
 
 SWEEP_MARKERS = ("o", "s", "D", "^", "v", "P", "h", "<", ">", "p")
@@ -159,15 +151,15 @@ def _draw_metric(ax: Axes, sweep: Sweep, mode: str, getter: Getter, c: str, *,
         y = getter(p)
         if y is None:
             continue
-        x = float(load_value(p))
-        if not p.get("valid", True):
+        x = float(p.load.value)
+        if not p.valid:
             ax.plot([x], [y], marker="X", markersize=9, color=INVALID_COLOR,
                     markeredgecolor=c, markeredgewidth=1.2, linestyle="none", zorder=5)
             if invalid_labels is not None:
-                invalid_labels.append((x, y, str(p.get("invalid_reason") or "invalid")))
+                invalid_labels.append((x, y, str(p.invalid_reason or "invalid")))
             continue
         by_load.setdefault(x, []).append(y)
-        hollow = bool(p.get("thin"))
+        hollow = bool(p.thin)
         ax.plot([x], [y], marker=marker, markersize=5.5, color=c, linestyle="none",
                 markerfacecolor="white" if hollow else c, markeredgewidth=1.2, zorder=4)
     if by_load:
@@ -207,10 +199,12 @@ def _log_y(ax: Axes) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def _knee_marks(ax: Axes, knee: Any, c: str) -> None:
-    if not isinstance(knee, Mapping):
-        return
-    meets, fails = number(knee.get("meets")), number(knee.get("fails"))
+def _knee_of(sweep: Sweep, mode: str) -> Knee:
+    return sweep.doc.knee if mode == "closed" else sweep.doc.knee_rate
+
+
+def _knee_marks(ax: Axes, knee: Knee, c: str) -> None:
+    meets, fails = number(knee.meets), number(knee.fails)
     if meets is not None and fails is not None:
         ax.axvspan(meets, fails, color=c, alpha=0.10, zorder=0)
     if meets is not None:
@@ -220,15 +214,16 @@ def _knee_marks(ax: Axes, knee: Any, c: str) -> None:
 
 
 def _knee_legend(sweep: Sweep, mode: str, c: str) -> Patch | None:
-    knee = sweep.doc.get("knee" if mode == "closed" else "knee_rate")
-    if not isinstance(knee, Mapping) or not _mode_points(sweep, mode):
+    knee = _knee_of(sweep, mode)
+    if not _mode_points(sweep, mode):
         return None
-    unit = "users" if mode == "closed" else "rps"
-    meets = "none" if knee.get("meets") is None else fmt_load_value(knee["meets"])
-    fails = "none" if knee.get("fails") is None else fmt_load_value(knee["fails"])
+    names = human.loads(mode, [knee.meets, knee.fails])
+    m, f = number(knee.meets), number(knee.fails)
+    meets = "none" if m is None else names[m]
+    fails = "none" if f is None else names[f]
     return Patch(facecolor=c, alpha=0.25, edgecolor=c,
                  label=f"{sweep.label} {MODE_TITLE[mode]} knee: meets {meets}, "
-                       f"fails {fails} {unit}")
+                       f"fails {fails} {human.unit(mode)}")
 
 
 def _common_handles(sweeps: Sequence[Sweep]) -> list[Any]:
@@ -236,10 +231,10 @@ def _common_handles(sweeps: Sequence[Sweep]) -> list[Any]:
         Line2D([], [], color=color(i), linewidth=2, marker=marker_of(i), label=s.label)
         for i, s in enumerate(sweeps)
     ]
-    if any(p.get("thin") and p.get("valid", True) for s in sweeps for p in s.points):
+    if any(p.thin and p.valid for s in sweeps for p in s.points):
         handles.append(Line2D([], [], marker="o", color="grey", markerfacecolor="white",
                               linestyle="none", label="thin: < 200 requests"))
-    if any(not p.get("valid", True) for s in sweeps for p in s.points):
+    if any(not p.valid for s in sweeps for p in s.points):
         handles.append(Line2D([], [], marker="X", color=INVALID_COLOR, markeredgecolor="black",
                               markersize=8, linestyle="none",
                               label="invalid (left out of the knee)"))
@@ -259,12 +254,11 @@ def _no_points_plot(key: str, title: str) -> Plot:
     fig, axes = _new_figure(1, 1, height_per_row=1.6)
     _empty(axes[0][0], "no points")
     axes[0][0].set_axis_off()
-    return Plot(key, title, "No points to plot.", _svg_of(fig, key))
+    return Plot(key, title, "No points to plot.", _svg_of(fig, key), fig)
 
 
-def _slo_targets(sweeps: Sequence[Sweep], key: str, default: float) -> list[float]:
-    vals = {number(get(s.doc, "slo", key)) for s in sweeps}
-    return sorted(v if v is not None else default for v in vals)
+def _slo_targets(sweeps: Sequence[Sweep], key: str) -> list[float]:
+    return sorted({float(getattr(s.doc.slo, key)) for s in sweeps})
 
 
 def goodput_plot(sweeps: Sequence[Sweep]) -> Plot:
@@ -277,18 +271,18 @@ def goodput_plot(sweeps: Sequence[Sweep]) -> Plot:
     with _style():
         fig, axes = _new_figure(len(modes), 2)
         knee_handles: list[Any] = []
-        targets = _slo_targets(sweeps, "attainment", 0.99)
+        targets = _slo_targets(sweeps, "attainment")
         for col, mode in enumerate(modes):
             top, bottom = axes[0][col], axes[1][col]
             labels: Labels = []
             for i, s in enumerate(sweeps):
                 c = color(i)
-                knee = s.doc.get("knee" if mode == "closed" else "knee_rate")
+                knee = _knee_of(s, mode)
                 for ax in (top, bottom):
                     _knee_marks(ax, knee, c)
-                _draw_metric(top, s, mode, lambda p: number(p.get("goodput_rps")), c,
+                _draw_metric(top, s, mode, lambda p: number(p.goodput_rps), c,
                              marker=marker_of(i), linewidth=width_of(i))
-                _draw_metric(bottom, s, mode, lambda p: number(p.get("attainment")), c,
+                _draw_metric(bottom, s, mode, lambda p: number(p.attainment), c,
                              marker=marker_of(i), linewidth=width_of(i), invalid_labels=labels)
                 handle = _knee_legend(s, mode, c)
                 if handle is not None:
@@ -317,7 +311,7 @@ def goodput_plot(sweeps: Sequence[Sweep]) -> Plot:
                "as misses). The shaded band is each sweep's knee bracket: the dashed line is the "
                "highest load that meets the target attainment together with every lower load, "
                "the dotted line the next tested load, which fails.")
-    return Plot(key, title, caption, svg)
+    return Plot(key, title, caption, svg, fig)
 
 
 # (percentile key, line style, marker)
@@ -333,9 +327,9 @@ def latency_plot(sweeps: Sequence[Sweep]) -> Plot:
     modes = modes_of(sweeps)
     if not modes:
         return _no_points_plot(key, title)
-    ttft_t = _slo_targets(sweeps, "ttft_ms", 1000.0)
-    tpot_t = _slo_targets(sweeps, "tpot_ms", 100.0)
-    stats = sorted({str(get(s.doc, "slo", "itl_stat") or "mean") for s in sweeps})
+    ttft_t = _slo_targets(sweeps, "ttft_ms")
+    tpot_t = _slo_targets(sweeps, "tpot_ms")
+    stats = sorted({s.doc.slo.itl_stat for s in sweeps})
     with _style():
         fig, axes = _new_figure(len(modes), 2)
         for col, mode in enumerate(modes):
@@ -380,7 +374,7 @@ def latency_plot(sweeps: Sequence[Sweep]) -> Plot:
                "completed request (p50, p99, max). The per-token target applies to each "
                f"request's own statistic ({', '.join(stats)}); the pooled ITL p99 and max show "
                "the decode stalls that prefill-first scheduling causes. Log scale.")
-    return Plot(key, title, caption, svg)
+    return Plot(key, title, caption, svg, fig)
 
 
 def _positive_data(ax: Axes) -> bool:
@@ -391,7 +385,7 @@ def _positive_data(ax: Axes) -> bool:
 
 
 def _nested(block: str, q: str) -> Getter:
-    return lambda p: number(get(p, block, q))
+    return lambda p: number(p.quantiles(block).get(q))
 
 
 def throughput_plot(sweeps: Sequence[Sweep]) -> Plot:
@@ -406,16 +400,15 @@ def throughput_plot(sweeps: Sequence[Sweep]) -> Plot:
             ax = axes[0][col]
             for i, s in enumerate(sweeps):
                 c = color(i)
-                knee = s.doc.get("knee" if mode == "closed" else "knee_rate")
-                if isinstance(knee, Mapping) and number(knee.get("meets")) is not None:
-                    ax.axvline(float(knee["meets"]), color=c, linestyle="--", linewidth=1.1)
-                _draw_metric(ax, s, mode, lambda p: number(p.get("output_tok_s")), c,
+                meets = number(_knee_of(s, mode).meets)
+                if meets is not None:
+                    ax.axvline(meets, color=c, linestyle="--", linewidth=1.1)
+                _draw_metric(ax, s, mode, lambda p: number(p.output_tok_s), c,
                              marker=marker_of(i), linewidth=width_of(i))
-                peak = s.doc.get("throughput_peak")
-                if (isinstance(peak, Mapping) and peak.get("mode", "closed") == mode
-                        and number(peak.get("load")) is not None
-                        and number(peak.get("output_tok_s")) is not None):
-                    x, y = float(peak["load"]), float(peak["output_tok_s"])
+                peak = s.doc.throughput_peak
+                px, py = number(peak.load), number(peak.output_tok_s)
+                if (peak.mode or "closed") == mode and px is not None and py is not None:
+                    x, y = px, py
                     ax.plot([x], [y], marker="*", markersize=16, color=c,
                             markeredgecolor="black", linestyle="none", zorder=6)
                     ax.annotate(f"peak {y:,.0f} tok/s", (x, y), xytext=(-8, 10),
@@ -436,7 +429,7 @@ def throughput_plot(sweeps: Sequence[Sweep]) -> Plot:
     caption = ("Output tokens per second of the window. Throughput peaks at a load where the "
                "target is no longer met: the peak is reported to explain the limit, never used "
                "as the limit (that is the knee, dashed).")
-    return Plot(key, title, caption, svg)
+    return Plot(key, title, caption, svg, fig)
 
 
 def cache_plot(sweeps: Sequence[Sweep]) -> Plot:
@@ -450,7 +443,7 @@ def cache_plot(sweeps: Sequence[Sweep]) -> Plot:
         for col, mode in enumerate(modes):
             ax = axes[0][col]
             for i, s in enumerate(sweeps):
-                _draw_metric(ax, s, mode, lambda p: number(p.get("cached_token_share")),
+                _draw_metric(ax, s, mode, lambda p: number(p.cached_token_share),
                              color(i), marker=marker_of(i), linewidth=width_of(i))
             ax.set_title(f"cached tokens / prompt tokens, {MODE_TITLE[mode]}")
             ax.set_ylabel("cached-token share")
@@ -461,7 +454,7 @@ def cache_plot(sweeps: Sequence[Sweep]) -> Plot:
     caption = ("Prompt tokens served from the prefix cache, over the completed requests. With "
                "one shared system prompt it should stay high at every load; a drop means the "
                "pool evicts the shared prefix (or the prompt is not byte-identical).")
-    return Plot(key, title, caption, svg)
+    return Plot(key, title, caption, svg, fig)
 
 
 def _thin_out(ts: list[float], vs: list[float]) -> tuple[list[float], list[float]]:
@@ -469,11 +462,11 @@ def _thin_out(ts: list[float], vs: list[float]) -> tuple[list[float], list[float
     return ts[::step], vs[::step]
 
 
-def _run_label(p: Mapping[str, Any]) -> str:
-    text = load_text(p["load"])
-    if isinstance(p.get("run_index"), int):
-        text = f"run {p['run_index']}: {text}"
-    if not p.get("valid", True):
+def _run_label(p: SweepPoint) -> str:
+    text = load_text(p.load)
+    if p.run_index is not None:
+        text = f"run {p.run_index}: {text}"
+    if not p.valid:
         text += " (invalid)"
     return text
 
@@ -502,8 +495,8 @@ def _timeline_panels(
         for col, s in enumerate(shown):
             runs = series_of(s)
             order = [i for i, _ in sorted(((i, s.points[i]) for i in runs),
-                                          key=lambda ip: (ip[1]["load"]["mode"] != "closed",
-                                                          float(load_value(ip[1]))))]
+                                          key=lambda ip: (ip[1].load.mode != "closed",
+                                                          float(ip[1].load.value)))]
             colors = _run_colors(len(order))
             for r, (column, panel, ylabel) in enumerate(rows):
                 ax = axes[r][col]
@@ -515,7 +508,7 @@ def _timeline_panels(
                     t0 = runs[idx].t0
                     xs, ys = _thin_out([t - t0 for t in ts], vs)
                     ax.plot(xs, ys, color=c, linewidth=1.1,
-                            linestyle="-" if p.get("valid", True) else "--",
+                            linestyle="-" if p.valid else "--",
                             label=_run_label(p) if r == 0 else None)
                 if extra is not None:
                     extra(ax, column, s)
@@ -534,7 +527,7 @@ def _timeline_panels(
                 axes[-1][col].legend(handles, labels, fontsize=7.5, ncol=3, loc="upper center",
                                      bbox_to_anchor=(0.5, -0.28))
         svg = _svg_of(fig, key)
-    return Plot(key, title, caption, svg)
+    return Plot(key, title, caption, svg, fig)
 
 
 def telemetry_plot(sweeps: Sequence[Sweep]) -> Plot | None:
@@ -554,8 +547,8 @@ def telemetry_plot(sweeps: Sequence[Sweep]) -> Plot | None:
                             marker=".", markersize=3, color=INVALID_COLOR, zorder=5,
                             label=None if labelled else "thermal slowdown")
                     labelled = True
-            floors = sorted({f for p in s.points
-                             if (f := number(p.get("clock_floor_mhz"))) is not None})
+            floors = sorted({f for p in s.points if p.live is not None
+                             and (f := number(p.live.clock_floor_mhz)) is not None})
             for f in floors:
                 ax.axhline(f, color=SLO_COLOR, linestyle="--", linewidth=1.3,
                            label=f"clock floor {f:,.0f} MHz")

@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatfleet.core.metrics import load_value
+from chatfleet.core.documents.sweep import ClosedLoad, Knee, Load, SweepDoc, SweepPoint
+from chatfleet.report import human
+from chatfleet.report.human import DASH
 from chatfleet.report.load import Sweep, number
-
-DASH = "–"
 
 
 @dataclass(slots=True)
@@ -25,15 +25,6 @@ class Table:
     numeric: bool = True  # right-align every column but the first
 
 
-def get(data: Any, *keys: str) -> Any:
-    """data[k1][k2]..., or None where a level is missing or not a mapping."""
-    for k in keys:
-        if not isinstance(data, Mapping):
-            return None
-        data = data.get(k)
-    return data
-
-
 def fmt(value: Any, digits: int = 0) -> str:
     """A number with `digits` decimals and thousands separators; a dash when missing."""
     x = number(value)
@@ -42,50 +33,46 @@ def fmt(value: Any, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
-def fmt_load_value(value: Any) -> str:
-    x = number(value)
-    if x is None:
-        return DASH
-    return f"{x:g}"
-
-
-def load_text(load: Mapping[str, Any]) -> str:
-    if load.get("mode") == "closed":
-        return f"{fmt_load_value(load.get('concurrency'))} users"
-    text = f"{fmt_load_value(load.get('rate_rps'))} rps"
-    arrival = load.get("arrival")
-    if isinstance(arrival, str) and arrival != "poisson":
-        text += f" ({arrival})"
+def load_text(load: Load) -> str:
+    """"24 users", "0.3 rps" (for people: see `human`)."""
+    if isinstance(load, ClosedLoad):
+        return f"{human.users(load.concurrency)} users"
+    text = f"{human.rate(load.rate_rps)} rps"
+    if load.arrival is not None and load.arrival != "poisson":
+        text += f" ({load.arrival})"
     return text
 
 
-def ordered_points(points: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, Any]]]:
+def ordered_points(points: Sequence[SweepPoint]) -> list[tuple[int, SweepPoint]]:
     """(index, point): closed loop first, then open loop, each by load (stable for repeats)."""
     mode_rank = {"closed": 0, "open": 1}
     indexed = list(enumerate(points))
-    return sorted(indexed, key=lambda ip: (mode_rank.get(ip[1]["load"]["mode"], 2),
-                                           float(load_value(ip[1]))))
+    return sorted(indexed, key=lambda ip: (mode_rank[ip[1].load.mode], float(ip[1].load.value)))
 
 
-def validity(point: Mapping[str, Any]) -> str:
-    if point.get("valid", True):
+def validity(point: SweepPoint) -> str:
+    if point.valid:
         return "valid"
-    reason = point.get("invalid_reason") or "no reason given"
+    reason = point.invalid_reason or "no reason given"
     return f"invalid: {reason}"
 
 
-def _cooldown(point: Mapping[str, Any]) -> Any:
-    cool = point.get("cooldown")
-    return cool.get("waited_s") if isinstance(cool, Mapping) else None
+def _cooldown(point: SweepPoint) -> float | None:
+    cool = None if point.live is None else point.live.cooldown
+    return None if cool is None else cool.waited_s
+
+
+def _floor(point: SweepPoint) -> float | None:
+    return None if point.live is None else point.live.clock_floor_mhz
 
 
 def points_table(sweep: Sweep) -> Table:
     """One row per point: load, validity, attainment, goodput, throughput, latencies, engine,
     GPU and client figures."""
     points = sweep.points
-    has_run = any("run_index" in p for p in points)
-    has_scale = any(number(p.get("time_scale")) not in (None, 1.0) for p in points)
-    has_floor = any(number(p.get("clock_floor_mhz")) is not None for p in points)
+    has_run = any(p.run_index is not None for p in points)
+    has_scale = any(number(p.time_scale) not in (None, 1.0) for p in points)
+    has_floor = any(number(_floor(p)) is not None for p in points)
     has_cool = any(number(_cooldown(p)) is not None for p in points)
     headers = ["load"]
     if has_run:
@@ -104,44 +91,44 @@ def points_table(sweep: Sweep) -> Table:
     invalid: set[int] = set()
     any_thin = False
     for _, p in ordered_points(points):
-        thin = bool(p.get("thin"))
+        thin = bool(p.thin)
         any_thin = any_thin or thin
-        row = [load_text(p["load"])]
+        row = [load_text(p.load)]
         if has_run:
-            row.append(fmt(p.get("run_index")))
-        if not p.get("valid", True):
+            row.append(fmt(p.run_index))
+        if not p.valid:
             invalid.add(len(rows))
         row += [
             validity(p),
-            fmt(get(p, "requests", "offered")) + ("*" if thin else ""),
-            fmt(p.get("attainment"), 3),
-            fmt(p.get("goodput_rps"), 2),
-            fmt(p.get("output_tok_s"), 0),
-            fmt(get(p, "ttft_ms", "p50")),
-            fmt(get(p, "ttft_ms", "p99")),
-            fmt(get(p, "tpot_ms", "p50")),
-            fmt(get(p, "tpot_ms", "p99")),
-            fmt(get(p, "itl_ms", "p99")),
-            fmt(get(p, "engine", "max_running")),
-            fmt(get(p, "engine", "max_queue")),
-            fmt(get(p, "engine", "peak_token_usage"), 2),
-            fmt(get(p, "gpu", "sm_clock_mhz", "p50")),
-            fmt(get(p, "gpu", "sm_clock_mhz", "min")),
+            fmt(p.requests.offered) + ("*" if thin else ""),
+            fmt(p.attainment, 3),
+            human.rate(p.goodput_rps),
+            fmt(p.output_tok_s, 0),
+            fmt(p.ttft_ms.p50),
+            fmt(p.ttft_ms.p99),
+            fmt(p.tpot_ms.p50),
+            fmt(p.tpot_ms.p99),
+            fmt(p.itl_ms.p99),
+            fmt(p.engine.max_running),
+            fmt(p.engine.max_queue),
+            fmt(p.engine.peak_token_usage, 2),
+            fmt(p.gpu.sm_clock_mhz.p50),
+            fmt(p.gpu.sm_clock_mhz.min),
         ]
         if has_floor:
-            row.append(fmt(p.get("clock_floor_mhz")))
+            row.append(fmt(_floor(p)))
         row += [
-            fmt(get(p, "gpu", "temp_c", "max"), 1),
-            fmt(get(p, "client", "send_lag_ms_p99"), 1),
-            fmt(get(p, "client", "loop_lag_ms_p99"), 1),
+            fmt(p.gpu.temp_c.max, 1),
+            fmt(p.client.send_lag_ms_p99, 1),
+            fmt(p.client.loop_lag_ms_p99, 1),
         ]
         if has_cool:
             row.append(fmt(_cooldown(p), 0))
         if has_scale:
-            scale = number(p.get("time_scale"))
+            scale = number(p.time_scale)
             row.append(DASH if scale in (None, 1.0) else f"{scale:g}×")
         rows.append(row)
-    itl_stat = get(sweep.doc, "slo", "itl_stat") or "mean"
+    itl_stat = sweep.doc.slo.itl_stat
     notes = ["Times in ms (model time); SM clock in MHz; usage is the KV pool's peak share.",
              f"TPOT is (e2e − TTFT) / (output tokens − 1); the per-request statistic of the "
              f"target is {itl_stat}. ITL p99 pools every gap of every completed request."]
@@ -156,17 +143,19 @@ def points_table(sweep: Sweep) -> Table:
     return Table(headers, rows, notes, invalid)
 
 
-def _knee_text(knee: Any, unit: str) -> str:
-    if not isinstance(knee, Mapping):
-        return DASH
-    meets, fails = knee.get("meets"), knee.get("fails")
-    m = "none" if meets is None else f"{fmt_load_value(meets)} {unit}"
-    f = "none tested" if fails is None else f"{fmt_load_value(fails)} {unit}"
+def _knee_text(knee: Knee, mode: str) -> str:
+    """"meets 24 users, fails 25 users"; a bracket's two rates are told apart ("meets 1.25
+    rps, fails 1.31 rps", not 1.2 and 1.3)."""
+    meets, fails = number(knee.meets), number(knee.fails)
+    names = human.loads(mode, [meets, fails])
+    unit = human.unit(mode)
+    m = "none" if meets is None else f"{names[meets]} {unit}"
+    f = "none tested" if fails is None else f"{names[fails]} {unit}"
     return f"meets {m}, fails {f}"
 
 
 def has_mode(sweep: Sweep, mode: str) -> bool:
-    return any(p["load"]["mode"] == mode for p in sweep.points)
+    return any(p.load.mode == mode for p in sweep.points)
 
 
 def knee_lines(sweep: Sweep) -> list[str]:
@@ -176,30 +165,29 @@ def knee_lines(sweep: Sweep) -> list[str]:
         return [f"{sweep.label}: no finished point: no knee"]
     lines = []
     if has_mode(sweep, "closed"):
-        cap = doc.get("recommended_cap")
-        lines.append(f"{sweep.label}: closed-loop knee: {_knee_text(doc.get('knee'), 'users')}; "
+        cap = doc.recommended_cap
+        lines.append(f"{sweep.label}: closed-loop knee: {_knee_text(doc.knee, 'closed')}; "
                      f"recommended gateway cap: {DASH if cap is None else cap}")
     if has_mode(sweep, "open"):
-        lines.append(f"{sweep.label}: open-loop knee: "
-                     f"{_knee_text(doc.get('knee_rate'), 'rps')}")
-    if get(doc, "throughput_peak", "load") is not None:
+        lines.append(f"{sweep.label}: open-loop knee: {_knee_text(doc.knee_rate, 'open')}")
+    if doc.throughput_peak.load is not None:
         lines.append(f"{sweep.label}: throughput peak: {peak_text(doc)} (never the limit)")
     return lines
 
 
-def peak_text(doc: Mapping[str, Any]) -> str:
-    peak = doc.get("throughput_peak")
-    if not isinstance(peak, Mapping) or peak.get("load") is None:
+def peak_text(doc: SweepDoc) -> str:
+    peak = doc.throughput_peak
+    if peak.load is None:
         return "none (no valid point)"
-    unit = "rps" if peak.get("mode") == "open" else "users"
-    return f"{fmt(peak.get('output_tok_s'))} output tok/s at {fmt_load_value(peak['load'])} {unit}"
+    mode = "open" if peak.mode == "open" else "closed"
+    return (f"{fmt(peak.output_tok_s)} output tok/s at "
+            f"{human.load(mode, peak.load)} {human.unit(mode)}")
 
 
-def slo_text(doc: Mapping[str, Any]) -> str:
-    slo = doc.get("slo") or {}
-    return (f"TTFT ≤ {fmt(slo.get('ttft_ms', 1000))} ms, per-token "
-            f"({slo.get('itl_stat', 'mean')}) ≤ {fmt(slo.get('tpot_ms', 100))} ms, "
-            f"attainment ≥ {fmt(slo.get('attainment', 0.99), 2)}")
+def slo_text(doc: SweepDoc) -> str:
+    slo = doc.slo
+    return (f"TTFT ≤ {fmt(slo.ttft_ms)} ms, per-token ({slo.itl_stat}) ≤ {fmt(slo.tpot_ms)} ms, "
+            f"attainment ≥ {fmt(slo.attainment, 2)}")
 
 
 def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -222,7 +210,7 @@ def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 def _scales(sweep: Sweep) -> str:
     scales = sorted({s for p in sweep.points
-                     if (s := number(p.get("time_scale"))) is not None and s != 1.0})
+                     if (s := number(p.time_scale)) is not None and s != 1.0})
     if not scales:
         return "model time (no point scaled)"
     return "model time; points ran at time scale " + ", ".join(f"{s:g}×" for s in scales)
@@ -236,16 +224,16 @@ def summary_table(sweeps: Sequence[Sweep]) -> Table:
     def add(name: str, values: list[str]) -> None:
         rows.append([name, *values])
 
-    add("closed-loop knee", [_knee_text(s.doc.get("knee"), "users")
+    add("closed-loop knee", [_knee_text(s.doc.knee, "closed")
                              if has_mode(s, "closed") else "no closed-loop point"
                              for s in sweeps])
-    add("open-loop knee", [_knee_text(s.doc.get("knee_rate"), "rps")
+    add("open-loop knee", [_knee_text(s.doc.knee_rate, "open")
                            if has_mode(s, "open") else "no open-loop point" for s in sweeps])
     add("throughput peak (never the limit)", [peak_text(s.doc) for s in sweeps])
     add("recommended gateway cap", [
-        DASH if s.doc.get("recommended_cap") is None
-        else f"{s.doc['recommended_cap']} in flight per replica"
-        + (f" (cap margin {s.doc['cap_margin']})" if s.doc.get("cap_margin") else "")
+        DASH if s.doc.recommended_cap is None
+        else f"{s.doc.recommended_cap} in flight per replica"
+        + (f" (cap margin {s.doc.cap_margin})" if s.doc.cap_margin else "")
         for s in sweeps])
     add("target (SLO)", [slo_text(s.doc) for s in sweeps])
     add("points", [_point_counts(s) for s in sweeps])
@@ -264,7 +252,8 @@ def setup_table(sweeps: Sequence[Sweep]) -> Table:
         rows.append([name, *values])
 
     for block in ("target", "workload"):
-        keyed = [dict(flatten(s.doc.get(block) or {})) for s in sweeps]
+        keyed = [dict(flatten(s.doc.target.fields if block == "target" else s.doc.workload))
+                 for s in sweeps]
         keys: list[str] = []
         for k in keyed:
             keys += [x for x in k if x not in keys]
@@ -275,7 +264,7 @@ def setup_table(sweeps: Sequence[Sweep]) -> Table:
 
 def _point_counts(sweep: Sweep) -> str:
     pts = sweep.points
-    invalid = sum(1 for p in pts if not p.get("valid", True))
-    thin = sum(1 for p in pts if p.get("thin"))
+    invalid = sum(1 for p in pts if not p.valid)
+    thin = sum(1 for p in pts if p.thin)
     text = f"{len(pts)} ({invalid} invalid, {thin} thin)"
     return text

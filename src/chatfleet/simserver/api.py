@@ -83,8 +83,9 @@ def error_body(message: str, code: int = 400, param: str | None = None,
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def openapi(title: str, version: str) -> dict[str, Any]:
-    """An OpenAPI 3.0 description of every route, from the request models."""
+def openapi(title: str, version: str, engine: str = "sglang") -> dict[str, Any]:
+    """An OpenAPI 3.0 description of every route, from the request models: SGLang's admin
+    routes, or vLLM's for a replica of the vLLM engine model."""
     schemas: dict[str, Any] = {}
     for model in (ChatCompletionRequest, CompletionRequest, AbortRequest):
         js = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -101,6 +102,20 @@ def openapi(title: str, version: str) -> dict[str, Any]:
 
     gen = {"description": "a completion (JSON), or server-sent events when stream is true",
            "content": {"application/json": {"schema": {}}, "text/event-stream": {"schema": {}}}}
+    admin: dict[str, Any] = {
+        "/health_generate": {"get": {"responses": {"200": {"description": "ok"}}}},
+        "/get_server_info": {"get": {"responses": {"200": ok_json}}},
+        "/flush_cache": {"post": {"responses": {"200": {"description": "flushed"},
+                                                "400": err}}},
+        "/abort_request": {"post": {"requestBody": body("AbortRequest"),
+                                    "responses": {"200": ok_json, "400": err}}},
+    }
+    if engine == "vllm":
+        admin = {
+            "/reset_prefix_cache": {"post": {"responses": {"200": ok_json}}},
+            "/server_info": {"get": {"responses": {"200": ok_json}}},
+            "/version": {"get": {"responses": {"200": ok_json}}},
+        }
     return {
         "openapi": "3.0.3",
         "info": {"title": title, "version": version},
@@ -111,12 +126,7 @@ def openapi(title: str, version: str) -> dict[str, Any]:
                                          "responses": {"200": gen, "400": err}}},
             "/v1/models": {"get": {"responses": {"200": ok_json}}},
             "/health": {"get": {"responses": {"200": {"description": "ok"}}}},
-            "/health_generate": {"get": {"responses": {"200": {"description": "ok"}}}},
-            "/get_server_info": {"get": {"responses": {"200": ok_json}}},
-            "/flush_cache": {"post": {"responses": {"200": {"description": "flushed"},
-                                                    "400": err}}},
-            "/abort_request": {"post": {"requestBody": body("AbortRequest"),
-                                        "responses": {"200": ok_json, "400": err}}},
+            **admin,
             "/metrics": {"get": {"responses": {"200": {"description": "Prometheus text"}}}},
             "/telemetry": {"get": {"responses": {"200": ok_json}}},
         },

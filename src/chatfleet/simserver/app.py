@@ -1,4 +1,6 @@
-"""The HTTP surface of one simulated replica: OpenAI API plus SGLang's admin routes (aiohttp)."""
+"""The HTTP surface of one simulated replica: the OpenAI API plus the admin routes of the engine
+it models (aiohttp): SGLang's (/flush_cache, /get_server_info, /abort_request,
+/health_generate) or vLLM 0.26's (POST /reset_prefix_cache, /server_info, /version)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from chatfleet import __version__
-from chatfleet.datasets import QwenTokenizer
+from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.data.tokenizer import QwenTokenizer
 from chatfleet.simserver.api import (
     AbortRequest,
     ChatCompletionRequest,
@@ -28,6 +31,10 @@ from chatfleet.simserver.replica import Handle, Replica
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HEALTH_GENERATE_TIMEOUT_S = 30.0
+VLLM_MODEL_VERSION = "0.26.0"  # the vLLM the engine model was read from
+# text longer than this is tokenized in a worker thread: `tokenizers` holds the GIL in
+# `encode` but releases it in `encode_batch`, and 4 MiB took 3.5 s, every other stream frozen
+OFF_LOOP_CHARS = 32 * 1024
 log = logging.getLogger("chatfleet.simserver")
 
 
@@ -80,17 +87,26 @@ class ReplicaApp:
         r.add_post("/v1/completions", self.completions)
         r.add_get("/v1/models", self.models)
         r.add_get("/health", self.health)
-        r.add_get("/health_generate", self.health_generate)
-        r.add_get("/get_server_info", self.server_info)
-        r.add_route("*", "/flush_cache", self.flush_cache)
-        r.add_post("/abort_request", self.abort_request)
+        if replica.spec.engine_model == "vllm":
+            r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+            r.add_get("/server_info", self.vllm_server_info)
+            r.add_get("/version", self.version)
+        else:
+            r.add_get("/health_generate", self.health_generate)
+            r.add_get("/get_server_info", self.server_info)
+            r.add_route("*", "/flush_cache", self.flush_cache)
+            r.add_post("/abort_request", self.abort_request)
         r.add_get("/metrics", self.metrics)
         r.add_get("/telemetry", self.telemetry)
         r.add_get("/openapi.json", self.openapi)
 
     # --- parsing --------------------------------------------------------------------------
     async def _json(self, request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except web.RequestPayloadError:  # a Content-Encoding that does not decode
+            raise BadRequest("the body could not be decoded as its Content-Encoding ("
+                             f"{request.headers.get('Content-Encoding', 'none')}) says") from None
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -99,16 +115,22 @@ class ReplicaApp:
             raise BadRequest("the body must be a JSON object")
         return body
 
+    async def _encode(self, text: str) -> list[int]:
+        """The text's token ids; a long text is tokenized off the event loop (OFF_LOOP_CHARS),
+        so the streams of this replica keep their pace meanwhile."""
+        if len(text) <= OFF_LOOP_CHARS:
+            return self.tok.encode(text)
+        [ids] = await asyncio.to_thread(self.tok.encode_batch, [text])
+        return ids
+
     def _max_new(self, prompt_len: int, asked: int | None) -> int:
         sched = self.replica.sched
-        # admission needs prompt + max_new strictly below the pool (SGLang's max_req_len - 1)
-        room = min(sched.cfg.context_length - prompt_len,
-                   sched.pool.capacity_tokens - 1 - prompt_len)
+        room = sched.max_new_tokens_room(prompt_len)
         if asked is None:
             if room < 1:
                 raise BadRequest(f"the prompt ({prompt_len} tokens) leaves no room to answer "
-                                 f"(context {sched.cfg.context_length}, KV pool "
-                                 f"{sched.pool.capacity_tokens})", "messages")
+                                 f"(context {sched.context_length}, KV pool "
+                                 f"{sched.capacity_tokens})", "messages")
             return room
         return asked
 
@@ -164,7 +186,7 @@ class ReplicaApp:
         except Exception as exc:  # the template's raise_exception, or a malformed message
             raise BadRequest(f"the chat template rejected the messages: {exc}",
                              "messages") from None
-        prompt = self.tok.encode(text)
+        prompt = await self._encode(text)
         asked = req.max_completion_tokens or req.max_tokens
         max_new = self._max_new(len(prompt), asked)
         users = [m.get("content") for m in messages if m.get("role") == "user"]
@@ -186,7 +208,7 @@ class ReplicaApp:
         if req.n != 1:
             raise BadRequest("only n = 1 is supported", "n")
         if isinstance(req.prompt, str):
-            prompt = self.tok.encode(req.prompt)
+            prompt = await self._encode(req.prompt)
         else:
             num_ids = self.tok.vocab_size  # read once: each read asks the Rust tokenizer
             if any(t < 0 or t >= num_ids for t in req.prompt):
@@ -339,10 +361,14 @@ class ReplicaApp:
 
     async def models(self, request: web.Request) -> web.Response:
         sched = self.replica.sched
-        return json_response({"object": "list", "data": [{
+        vllm = self.replica.spec.engine_model == "vllm"
+        card: dict[str, Any] = {
             "id": self.replica.served_model_name, "object": "model", "created": 0,
-            "owned_by": "chatfleet-simserver", "root": self.replica.served_model_name,
-            "max_model_len": sched.cfg.context_length}]})
+            "owned_by": "vllm" if vllm else "chatfleet-simserver",
+            "root": self.replica.served_model_name, "max_model_len": sched.context_length}
+        if vllm:
+            card.update(created=int(time.time()), parent=None, permission=[])
+        return json_response({"object": "list", "data": [card]})
 
     # --- SGLang's admin surface -------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -366,6 +392,7 @@ class ReplicaApp:
     async def server_info(self, request: web.Request) -> web.Response:
         rep = self.replica
         sched = rep.sched
+        assert isinstance(sched, Scheduler)
         spec = rep.spec
         plan = spec.pool_plan()
         return json_response({
@@ -404,6 +431,47 @@ class ReplicaApp:
             raise BadRequest(*describe(exc)) from None
         return json_response({"rid": req.rid, "aborted": self.replica.abort(req.rid)})
 
+    # --- vLLM's admin surface ----------------------------------------------------------------
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM 0.26 answers 200 with {"success": false} while requests hold blocks."""
+        return json_response({"success": self.replica.flush_cache()})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return json_response({"version": VLLM_MODEL_VERSION})
+
+    async def vllm_server_info(self, request: web.Request) -> web.Response:
+        """The parts of vLLM's /server_info?config_format=json that the harness reads
+        (engines/vllm.py), and the simserver's own facts beside them."""
+        rep = self.replica
+        spec = rep.spec
+        plan = spec.vllm_pool_plan()
+        sched = rep.sched
+        return json_response({
+            "vllm_config": {
+                "cache_config": {
+                    "gpu_memory_utilization": plan.gpu_memory_utilization,
+                    "cache_dtype": "fp8" if spec.precision.kv_cache == "fp8" else "auto",
+                    "block_size": plan.block_size, "num_gpu_blocks": plan.num_gpu_blocks,
+                    "enable_prefix_caching": True, "prefix_caching_hash_algo": "chained tuple",
+                    "kv_cache_memory_bytes": (int(plan.kv_cache_gib * 2**30)
+                                              if plan.kv_cache_memory_override else None)},
+                "scheduler_config": {
+                    "max_num_seqs": plan.max_num_seqs,
+                    "max_num_batched_tokens": plan.max_num_batched_tokens,
+                    "enable_chunked_prefill": True, "policy": "fcfs",
+                    "long_prefill_token_threshold": spec.long_prefill_token_threshold},
+                "model_config": {
+                    "model": rep.served_model_name, "max_model_len": sched.context_length,
+                    "dtype": "bfloat16",
+                    "quantization": "fp8" if spec.precision.weights == "fp8" else None,
+                    "served_model_name": rep.served_model_name},
+                "parallel_config": {"tensor_parallel_size": 1, "data_parallel_size": 1},
+            },
+            "engine": "chatfleet-simserver", "engine_model": "vllm",
+            "gpu": spec.gpu.name, "calibrated": spec.is_calibrated,
+            "time_scale": rep.time_scale, "thermal_model": sched.thermal is not None,
+        })
+
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.replica.metrics.render(),
                             content_type="text/plain", charset="utf-8")
@@ -412,5 +480,6 @@ class ReplicaApp:
         return json_response(self.replica.telemetry())
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return json_response(openapi("chatfleet simserver", __version__))
+        return json_response(openapi("chatfleet simserver", __version__,
+                                     self.replica.spec.engine_model))
 

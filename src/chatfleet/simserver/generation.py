@@ -26,7 +26,7 @@ import random
 from array import array
 from dataclasses import dataclass
 
-from chatfleet.datasets import QwenTokenizer
+from chatfleet.data.tokenizer import QwenTokenizer
 
 THINK_OPEN = 151667
 THINK_CLOSE = 151668

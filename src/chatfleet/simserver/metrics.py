@@ -1,4 +1,5 @@
-"""/metrics in SGLang's Prometheus names (sglang:*), one registry per replica.
+"""/metrics in SGLang's Prometheus names (sglang:*), one registry per replica (vllm_metrics.py
+has vLLM's; both offer the same methods to the replica).
 
 Gauges are refreshed at every step (SGLang refreshes its own every 40 decode steps, so a live
 SGLang reading can lag behind what this one shows). Times are model seconds.
@@ -10,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from chatfleet.core.engine.scheduler import Scheduler, Step
+from chatfleet.core.engine.protocol import EngineModel
+from chatfleet.core.engine.step import Step, StepResult
 
 if TYPE_CHECKING:
     from chatfleet.core.engine.request import EngineRequest
@@ -53,31 +55,40 @@ class ReplicaMetrics:
         self._window: list[tuple[float, int]] = []  # (time, decode tokens) of recent steps
         self._base = (0, 0)  # cached and prompt tokens at the last flush
 
+    def on_start(self, sched: EngineModel) -> None:
+        self.max_total_num_tokens.set(sched.capacity_tokens)
+
     def on_arrival(self, prompt_tokens: int) -> None:
         self.prompt_tokens.inc(prompt_tokens)
 
-    def on_flush(self, sched: Scheduler) -> None:
+    def on_token(self) -> None:
+        self.generation_tokens.inc()
+
+    def on_abort(self) -> None:
+        self.num_aborted.inc()
+
+    def on_flush(self, sched: EngineModel) -> None:
         """The hit rate restarts at a flush: later readings count from here."""
         self._base = (sched.num_prefill_cached_tokens, sched.num_prefill_input_tokens)
         self.cache_hit_rate.set(0.0)
 
-    def on_idle(self, sched: Scheduler) -> None:
+    def on_idle(self, sched: EngineModel) -> None:
         """Nothing is stepping (idle, or after an abort): the gauges show the engine as is."""
-        self.num_running.set(len(sched.running))
-        self.num_queue.set(len(sched.waiting))
-        cap = sched.pool.capacity_tokens
-        self.num_used_tokens.set(cap - sched.free_tokens() - sched.tree.evictable_size())
+        self.num_running.set(sched.num_running())
+        self.num_queue.set(sched.num_queued())
+        self.num_used_tokens.set(sched.num_used_tokens())
 
-    def on_step(self, sched: Scheduler, step: Step) -> None:
+    def on_step(self, sched: EngineModel, step: Step, result: StepResult) -> None:
         row = sched.log[-1]
         if step.kind == "decode":
             # read at decode steps, as SGLang's decode log: the batch, and the queue that
             # prefill-first could not admit
-            self.num_running.set(int(row[2]))  # type: ignore[call-overload]
-            self.num_queue.set(int(row[6]))  # type: ignore[call-overload]
-        self.token_usage.set(float(row[7]))  # type: ignore[arg-type]
-        cap = sched.pool.capacity_tokens
-        self.num_used_tokens.set(cap - sched.free_tokens() - sched.tree.evictable_size())
+            self.num_running.set(row.batch)
+            self.num_queue.set(row.queue)
+        self.token_usage.set(row.token_usage)
+        self.num_used_tokens.set(sched.num_used_tokens())
+        if result.retracted:
+            self.num_retractions.inc(len(result.retracted))
         cached = sched.num_prefill_cached_tokens - self._base[0]
         prompt = sched.num_prefill_input_tokens - self._base[1]
         if prompt > 0:

@@ -30,6 +30,7 @@ from array import array
 from decimal import Decimal
 from pathlib import Path
 
+from chatfleet.check.gsm8k import gsm8k_answer
 from chatfleet.core.accuracy import (
     GSM8K_SUFFIX,
     Dataset,
@@ -37,7 +38,8 @@ from chatfleet.core.accuracy import (
     parse_dataset_lines,
     parse_number,
 )
-from chatfleet.datasets import QwenTokenizer, gsm8k_answer
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.data.tokenizer import QwenTokenizer
 from chatfleet.simserver.generation import (
     DOUBLE_NEWLINE,
     NEWLINE,
@@ -68,7 +70,7 @@ def oracle_draw(seed: int, index: int, p: float, expected: str) -> tuple[bool, s
 class Oracle:
     def __init__(self, dataset: Dataset, accuracy: float, seed: int) -> None:
         if not 0.0 <= accuracy <= 1.0:
-            raise ValueError(f"--oracle-accuracy must lie in [0, 1], got {accuracy}")
+            raise ChatfleetError(f"--oracle-accuracy must lie in [0, 1], got {accuracy}")
         self.dataset = dataset
         self.accuracy = accuracy
         self.seed = seed

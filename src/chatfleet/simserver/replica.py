@@ -20,12 +20,13 @@ from typing import IO, Any
 
 import orjson
 
-from chatfleet.core.calibration import thermal_profile
-from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.engine.build import EngineSpec, build_engine, thermal_profile_of
 from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.scheduler import Step
+from chatfleet.core.engine.step import Step
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.simserver.generation import Answer
 from chatfleet.simserver.metrics import ReplicaMetrics
+from chatfleet.simserver.vllm_metrics import VLLMReplicaMetrics
 
 
 @dataclass(slots=True, eq=False)
@@ -99,6 +100,18 @@ class TraceWriter:
         self._f.close()
 
 
+def make_metrics(spec: EngineSpec, served_model_name: str
+                 ) -> ReplicaMetrics | VLLMReplicaMetrics:
+    """The engine's own /metrics names: sglang:* for the SGLang model, vllm:* for vLLM's."""
+    if spec.engine_model == "vllm":
+        plan = spec.vllm_pool_plan()
+        return VLLMReplicaMetrics(served_model_name, {
+            "block_size": str(plan.block_size), "num_gpu_blocks": str(plan.num_gpu_blocks),
+            "gpu_memory_utilization": str(plan.gpu_memory_utilization),
+            "cache_dtype": "fp8" if spec.precision.kv_cache == "fp8" else "auto"})
+    return ReplicaMetrics(served_model_name)
+
+
 RESYNC_WALL_S = 0.050
 SPIN_S = 0.0015
 TRACE_FLUSH_ROWS = 2000
@@ -108,22 +121,22 @@ class Replica:
     def __init__(self, name: str, spec: EngineSpec, *, time_scale: float = 1.0, seed: int = 0,
                  trace: TraceWriter | None = None, served_model_name: str = "qwen3-8b") -> None:
         if not (math.isfinite(time_scale) and time_scale > 0):
-            raise ValueError("time scale must be a positive finite number")
+            raise ChatfleetError("time scale must be a positive finite number")
         self.name = name
         self.spec = spec
-        self.sched = build_scheduler(spec)
+        self.sched = build_engine(spec)
         self.time_scale = time_scale
         self.rng = random.Random(seed)
         self.trace = trace
         self.served_model_name = served_model_name
-        self.metrics = ReplicaMetrics(served_model_name)
-        self.metrics.max_total_num_tokens.set(self.sched.pool.capacity_tokens)
+        self.metrics = make_metrics(spec, served_model_name)
+        self.metrics.on_start(self.sched)
         self.handles: dict[str, Handle] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._t0_wall = time.time()
         self._t0_mono = time.monotonic()
-        self.profile = thermal_profile(spec.gpu)
+        self.profile = thermal_profile_of(spec)
 
     # --- clocks ---------------------------------------------------------------------------
     def model_now(self) -> float:
@@ -176,7 +189,7 @@ class Replica:
         h.aborted = True
         h.finish_reason = "abort"
         h.wake.set()
-        self.metrics.num_aborted.inc()
+        self.metrics.on_abort()
         if self.sched.in_flight is None:
             self.metrics.on_idle(self.sched)
         self._wake.set()
@@ -217,12 +230,19 @@ class Replica:
             step = self.sched.schedule(now)
             if step is None:  # nothing admissible and nothing running: wait for a change
                 self._wake.clear()
-                await self._wake.wait()
+                wake = self.sched.next_ready_time()
+                if wake is not None and wake > now:  # or until the engine sees a request
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(),
+                                               (wake - self.model_now()) / self.time_scale)
+                else:
+                    await self._wake.wait()
+                last_end = None
                 continue
             if self.trace is not None and self.trace.pending() > TRACE_FLUSH_ROWS:
                 self.trace.flush()  # while the step runs, not in its write burst
-            if step.kind == "decode":  # the step's sleep is free time: render its chunks now
-                for req in self.sched.running.values():
+            if step.num_decode:  # the step's sleep is free time: render its chunks now
+                for req in self.sched.decoding_requests():
                     h = req.tag
                     if isinstance(h, Handle) and h.prerender is not None:
                         h.prerender()
@@ -243,10 +263,7 @@ class Replica:
     async def _complete(self, step: Step) -> None:
         res = self.sched.complete(step.end)
         t = step.end
-        if step.kind == "prefill":
-            emitted = list(res.first_tokens)
-        else:
-            emitted = [*self.sched.running.values(), *res.finished]
+        emitted = self.sched.step_tokens(res)
         streams: list[Handle] = []
         for req in emitted:
             h = self._emit(req, t)
@@ -257,15 +274,14 @@ class Replica:
             await h.sink(planned)  # type: ignore[misc]
         for req in res.finished:
             self._finish(req)
-        if res.retracted:
-            self.metrics.num_retractions.inc(len(res.retracted))
-        self.metrics.on_step(self.sched, step)
+        self.metrics.on_step(self.sched, step, res)
         if self.trace is not None:
             row = self.sched.log[-1]
             self.trace.write({
                 "type": "step", "replica": self.name, "t": t, "kind": step.kind,
-                "batch": row[2], "prefill_tokens": row[3], "decode_tokens": row[4],
-                "running": row[5], "queue": row[6], "token_usage": round(float(row[7]), 5),  # type: ignore[arg-type]
+                "batch": row.batch, "prefill_tokens": row.prefill_tokens,
+                "decode_tokens": row.decode_tokens, "running": row.running, "queue": row.queue,
+                "token_usage": round(row.token_usage, 5),
                 "lag_ms": round((time.monotonic() - self.mono_at(t)) * 1000, 3),
             })
 
@@ -277,7 +293,7 @@ class Replica:
             h.first_token_model = t
         h.emitted += 1
         h.pending.append(t)
-        self.metrics.generation_tokens.inc()
+        self.metrics.on_token()
         if h.sink is None:
             h.wake.set()
         return h

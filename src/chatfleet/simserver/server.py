@@ -11,7 +11,9 @@ from pathlib import Path
 from aiohttp import web
 
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.datasets import load_qwen_tokenizer
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.data.tokenizer import load_qwen_tokenizer
+from chatfleet.serverlog import quiet_bad_requests
 from chatfleet.simserver.app import ReplicaApp
 from chatfleet.simserver.generation import AnswerMaker
 from chatfleet.simserver.oracle import Oracle
@@ -56,10 +58,11 @@ class RunningServer:
 
 async def start(cfg: ServerConfig) -> RunningServer:
     if cfg.replicas < 1:
-        raise ValueError("replicas must be at least 1")
+        raise ChatfleetError("replicas must be at least 1")
     # a full collection in the middle of a step's write burst delays every stream behind it:
     # collect young objects less often (the server's garbage is short-lived request state)
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
+    quiet_bad_requests()
     tok = load_qwen_tokenizer()
     answers = AnswerMaker(tok, median_tokens=cfg.answer_median_tokens)
     oracle = (Oracle.load(cfg.oracle_dataset, cfg.oracle_accuracy, cfg.seed)

@@ -18,13 +18,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.defaults import DURATION_S, SEED, TWIN_DRAIN_S, WARMUP_S
+from chatfleet.core.documents.sweep import FleetBlock, Load
+from chatfleet.core.engine.build import EngineSpec, build_engine
+from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
-from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import (
     ClosedLoop,
     OpenLoop,
@@ -54,9 +58,11 @@ MEASURED_HOP_S = 0.002
 class FleetConfig:
     replicas: int
     cap: int
-    queue_depth: int = 64
-    ttft_budget_s: float = 1.0
-    prefill_reserve_s: float = 0.0  # the queue deadline is arrival + budget - this
+    # the defaults are the fleet core's (FleetSettings), as the gateway's config's are
+    queue_depth: int = FleetSettings().queue_depth
+    ttft_budget_s: float = FleetSettings().ttft_budget_s
+    # the queue deadline is arrival + budget - this
+    prefill_reserve_s: float = FleetSettings().prefill_reserve_s
     affinity: bool = True  # sessions to their replica (rendezvous + spill rule); else least-loaded
     # gateway <-> engine, one way: an admitted request reaches its engine this much later, and
     # a finished one frees its slot at the gateway this much later. With a delay, a request
@@ -65,13 +71,20 @@ class FleetConfig:
 
     def __post_init__(self) -> None:
         if self.hop_s < 0:
-            raise ValueError("hop_s must not be negative")
+            raise ChatfleetError("hop_s must not be negative")
         if self.replicas < 1 or self.cap < 1 or self.queue_depth < 0:
-            raise ValueError("a fleet needs at least 1 replica, a cap of at least 1 and a "
-                             "queue depth of at least 0")
+            raise ChatfleetError("a fleet needs at least 1 replica, a cap of at least 1 and a "
+                                 "queue depth of at least 0")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def block(self) -> FleetBlock:
+        """The settings as a point's (and a target's) fleet block."""
+        return FleetBlock(replicas=self.replicas, cap=self.cap, queue_depth=self.queue_depth,
+                          ttft_budget_s=self.ttft_budget_s,
+                          prefill_reserve_s=self.prefill_reserve_s, affinity=self.affinity,
+                          hop_s=self.hop_s)
 
 
 @dataclass(slots=True)
@@ -85,7 +98,7 @@ class _Attempt:
 
 @dataclass(slots=True)
 class _FleetRun:
-    scheds: list[Scheduler]
+    scheds: list[EngineModel]
     names: list[str]
     loop: EventLoop
     driver: ClosedLoop | OpenLoop
@@ -216,13 +229,13 @@ class _FleetRun:
 def run_fleet_point(
     spec: EngineSpec,
     wcfg: WorkloadConfig,
-    load: dict[str, Any],
+    load: Load,
     fleet: FleetConfig,
     *,
-    duration_s: float = 300.0,
-    warmup_s: float = 30.0,
-    seed: int = 1,
-    drain_s: float = 600.0,
+    duration_s: float = DURATION_S,
+    warmup_s: float = WARMUP_S,
+    seed: int = SEED,
+    drain_s: float = TWIN_DRAIN_S,
     slo: SLO | None = None,
     replica_names: list[str] | None = None,
     trace: FleetTrace | None = None,
@@ -233,7 +246,7 @@ def run_fleet_point(
     Replica names matter: rendezvous hashing places sessions by name (the parity check names
     them as the live fleet does)."""
     slo = slo or SLO()
-    scheds = [build_scheduler(spec) for _ in range(fleet.replicas)]
+    scheds = [build_engine(spec) for _ in range(fleet.replicas)]
     names = replica_names or [f"twin-{i}" for i in range(fleet.replicas)]
     if len(names) != fleet.replicas or len(set(names)) != len(names):
         raise ValueError(f"need {fleet.replicas} distinct replica names, got {names}")
@@ -257,14 +270,12 @@ def run_fleet_point(
     for att in list(run.attempts.values()):
         if att.req is not None:
             run.records.append(run.record(att, att.req, "timeout"))
+    decided = dataclasses.replace(
+        fleet.block(), max_in_flight=tuple(run.max_in_flight), max_queue=run.max_queue,
+        shed={str(k): n for k, n in core.ac.num_shed.items()}, admitted=core.ac.num_admitted,
+        routes={str(k): n for k, n in core.num_routes.items()})
     point = summarize_point(
-        run.records, load=dict(load), window=(warmup_s, window_end), slo=slo,
-        mode=load["mode"], seed=seed, flushed=True,
-        engine=engine_block(scheds, warmup_s, window_end),
-        gpu=gpu_block(spec, scheds, warmup_s, window_end),
-        client={"send_lag_ms_p99": 0.0, "loop_lag_ms_p99": 0.0})
-    point["fleet"] = {**fleet.to_json(), "max_in_flight": run.max_in_flight,
-                      "max_queue": run.max_queue,
-                      "shed": dict(core.ac.num_shed), "admitted": core.ac.num_admitted,
-                      "routes": dict(core.num_routes)}
+        run.records, load=load, window=(warmup_s, window_end), slo=slo, seed=seed,
+        flushed=True, engine=engine_block(scheds, warmup_s, window_end),
+        gpu=gpu_block(spec, scheds, warmup_s, window_end), fleet=decided)
     return PointRun(point, run.records, scheds[0], loop.num_events)

@@ -13,13 +13,35 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from chatfleet import __version__
-from chatfleet.core.calibration import thermal_profile
-from chatfleet.core.engine.build import EngineSpec, build_scheduler
+from chatfleet.core.defaults import DURATION_S, SEED, TWIN_DRAIN_S, WARMUP_S
+from chatfleet.core.documents.sweep import (
+    ClockStats,
+    EngineBlock,
+    GpuBlock,
+    Load,
+    ModelledGpu,
+    ModelledPower,
+    SweepPoint,
+    TempStats,
+)
+from chatfleet.core.engine.build import (
+    ENGINE_MODEL_VERSIONS,
+    EngineSpec,
+    build_engine,
+    thermal_profile_of,
+)
+from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.scheduler import Scheduler
-from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.engine.steplog import KIND_CODES, StepLog
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.measure.percentiles import time_weighted_percentile
+from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import (
     ClosedLoop,
     OpenLoop,
@@ -30,21 +52,19 @@ from chatfleet.core.workload import (
 )
 from chatfleet.twin.loop import Event, EventLoop
 
-Load = dict[str, Any]
-
 
 @dataclass(slots=True)
 class PointRun:
-    point: dict[str, Any]
+    point: SweepPoint
     records: list[RequestRecord]
-    scheduler: Scheduler
+    scheduler: EngineModel
     num_events: int
 
 
-Route = Callable[[RequestSpec, list[Scheduler]], int]
+Route = Callable[[RequestSpec, list[EngineModel]], int]
 
 
-def route_by_user(spec: RequestSpec, replicas: list[Scheduler]) -> int:
+def route_by_user(spec: RequestSpec, replicas: list[EngineModel]) -> int:
     """The default seam until the gateway's routing lands: a user's requests stay on one
     replica (user index modulo replica count)."""
     return spec.user % len(replicas)
@@ -52,7 +72,7 @@ def route_by_user(spec: RequestSpec, replicas: list[Scheduler]) -> int:
 
 @dataclass(slots=True)
 class _Run:
-    scheds: list[Scheduler]
+    scheds: list[EngineModel]
     loop: EventLoop
     driver: ClosedLoop | OpenLoop
     window_end: float
@@ -87,6 +107,7 @@ class _Run:
             return []  # a decode run that was cut short since
         res = self.scheds[i].complete(now)
         out: list[Event] = []
+        horizon = self.horizon
         for req in res.finished:
             spec = self.specs.pop(req.rid)
             del self.reqs[req.rid]
@@ -94,11 +115,16 @@ class _Run:
             nxt = self.driver.on_done(spec, now)
             if nxt is not None and nxt.scheduled_time < self.window_end:
                 out.append(self.loop.at(nxt.scheduled_time, self.arrive, nxt))
-        out.extend(self._kick(i, now))
+                horizon = min(horizon, nxt.scheduled_time)
+        out.extend(self._kick(i, now, horizon))
         return out
 
-    def _kick(self, i: int, now: float) -> list[Event]:
-        return kick(self.loop, self.scheds, self.step_gen, i, now, self.horizon, self.step_end)
+    def _kick(self, i: int, now: float, horizon: float | None = None) -> list[Event]:
+        """`horizon`: a known arrival before the loop's stop time. A decode run is cut at the
+        step running when a request arrives, so one that would be cut need not be planned
+        beyond it (any horizon gives the same steps; a nearer one, fewer events)."""
+        return kick(self.loop, self.scheds, self.step_gen, i, now,
+                    self.horizon if horizon is None else horizon, self.step_end)
 
     def _record(self, i: int, spec: RequestSpec, req: EngineRequest,
                 outcome: str) -> RequestRecord:
@@ -106,7 +132,7 @@ class _Run:
                            spec.scheduled_time, outcome)
 
 
-def kick(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int, now: float,
+def kick(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int, now: float,
          horizon: float, step_end: Callable[[tuple[int, int], float], Iterable[Event]],
          ) -> list[Event]:
     """Start replica i's next step if it is idle with work; its end event carries a fresh
@@ -116,12 +142,16 @@ def kick(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int, 
         return []
     step = sched.schedule(now, horizon=horizon)
     if step is None:
+        wake = sched.next_ready_time()
+        if wake is not None and wake > now:  # a request the engine does not see yet
+            return [loop.at(wake, lambda j, t: kick(loop, scheds, step_gen, j, t, horizon,
+                                                      step_end), i)]
         return []
     step_gen[i] += 1
     return [loop.at(step.end, step_end, (i, step_gen[i]))]
 
 
-def add_request(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i: int,
+def add_request(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int,
                 req: EngineRequest, now: float, horizon: float,
                 step_end: Callable[[tuple[int, int], float], Iterable[Event]]) -> list[Event]:
     """Hand `req` to replica i's scheduler: a decode run in progress must stop after the step
@@ -137,7 +167,7 @@ def add_request(loop: EventLoop, scheds: list[Scheduler], step_gen: list[int], i
     return kick(loop, scheds, step_gen, i, now, horizon, step_end)
 
 
-def make_record(sched: Scheduler, replica: str, spec: RequestSpec, req: EngineRequest,
+def make_record(sched: EngineModel, replica: str, spec: RequestSpec, req: EngineRequest,
                 request_id: str, arrived: float, outcome: str) -> RequestRecord:
     """The record of a request the engine model served (token times from its step log)."""
     times = sched.token_times(req)
@@ -163,10 +193,10 @@ def run_point(
     wcfg: WorkloadConfig,
     load: Load,
     *,
-    duration_s: float = 300.0,
-    warmup_s: float = 30.0,
-    seed: int = 1,
-    drain_s: float = 600.0,
+    duration_s: float = DURATION_S,
+    warmup_s: float = WARMUP_S,
+    seed: int = SEED,
+    drain_s: float = TWIN_DRAIN_S,
     slo: SLO | None = None,
     replicas: int = 1,
     route: Route = route_by_user,
@@ -176,17 +206,17 @@ def run_point(
     With `replicas` > 1 the users are spread over that many identical engines by `route`
     (the seam the gateway's admission and routing plug into)."""
     if duration_s <= 0 or warmup_s < 0 or drain_s < 0:
-        raise ValueError("duration must be positive, warm-up and drain not negative")
+        raise ChatfleetError("duration must be positive, warm-up and drain not negative")
     if replicas < 1:
-        raise ValueError("replicas must be at least 1")
+        raise ChatfleetError("replicas must be at least 1")
     slo = slo or SLO()
-    scheds = [build_scheduler(spec) for _ in range(replicas)]
+    scheds = [build_engine(spec) for _ in range(replicas)]
     sched = scheds[0]
     need = wcfg.max_context_tokens()
-    if need > sched.pool.capacity_tokens:
-        raise ValueError(
+    if need > sched.capacity_tokens:
+        raise ChatfleetError(
             f"a session can reach {need} tokens (system prompt + turns), more than the "
-            f"{sched.pool.capacity_tokens}-token KV pool holds"
+            f"{sched.capacity_tokens}-token KV pool holds"
         )
     rng = random.Random(seed)
     workload = Workload(wcfg, rng)
@@ -206,67 +236,125 @@ def run_point(
         run.records.append(run._record(i, pending, req, "timeout"))
     point = summarize_point(
         run.records,
-        load=dict(load),
+        load=load,
         window=(warmup_s, window_end),
         slo=slo,
-        mode=load["mode"],
         seed=seed,
         flushed=True,
         engine=engine_block(scheds, warmup_s, window_end),
         gpu=gpu_block(spec, scheds, warmup_s, window_end),
-        client={"send_lag_ms_p99": 0.0, "loop_lag_ms_p99": 0.0},
     )
     return PointRun(point, run.records, sched, loop.num_events)
 
 
-def engine_block(scheds: list[Scheduler], start: float, end: float) -> dict[str, Any]:
+def engine_block(scheds: list[EngineModel], start: float, end: float) -> EngineBlock:
     """What SGLang's decode log shows, read at decode steps after the warm-up (the largest
-    over the replicas; sums for the counters)."""
+    over the replicas; sums for the counters). vLLM's steps all carry the running decodes, so
+    every step but a prefill-only one counts there."""
     max_running = 0
     max_queue = 0
     peak_usage = 0.0
     for sched in scheds:
-        for row in sched.log:
-            t = float(row[0])  # type: ignore[arg-type]
-            if t < start or t > end or row[1] != "decode":
-                continue
-            max_running = max(max_running, int(row[2]))  # type: ignore[call-overload]
-            max_queue = max(max_queue, int(row[6]))  # type: ignore[call-overload]
-            peak_usage = max(peak_usage, float(row[7]))  # type: ignore[arg-type]
+        log = sched.log
+        t = log.floats("time")
+        read = (t >= start) & (t <= end) & (log.ints("kind") != KIND_CODES["prefill"])
+        if read.any():
+            max_running = max(max_running, int(log.ints("batch")[read].max()))
+            max_queue = max(max_queue, int(log.ints("queue")[read].max()))
+            peak_usage = max(peak_usage, float(log.floats("token_usage")[read].max()))
     cached = sum(s.num_prefill_cached_tokens for s in scheds)
     prompt = sum(s.num_prefill_input_tokens for s in scheds)
-    return {
-        "max_running": max_running,
-        "max_queue": max_queue,
-        "peak_token_usage": round(peak_usage, 4),
-        "max_total_num_tokens": scheds[0].pool.capacity_tokens,
-        "replicas": len(scheds),
-        "num_retractions": sum(s.num_retractions for s in scheds),
-        "cache_hit_rate": round(cached / max(1, prompt), 4),
-        "evicted_tokens": sum(s.tree.num_evicted_tokens for s in scheds),
+    return EngineBlock(
+        max_running=max_running,
+        max_queue=max_queue,
+        peak_token_usage=round(peak_usage, 4),
+        max_total_num_tokens=scheds[0].capacity_tokens,
+        replicas=len(scheds),
+        num_retractions=sum(s.num_retractions for s in scheds),
+        cache_hit_rate=round(cached / max(1, prompt), 4),
+        evicted_tokens=sum(s.num_evicted_tokens for s in scheds),
+    )
+
+
+def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
+              end: float) -> GpuBlock:
+    """The card's clock, temperature and power over the window, as telemetry samples at a
+    fixed interval would show them: every figure is weighted by time (each step by the part
+    of its duration inside the window; the median clock is `time_weighted_percentile`, the
+    live telemetry's definition), clocks and slowdown over the time the card was busy.
+    `busy_share`, `prefill_share` (of the busy time) and the power the work draws at the
+    loaded clock come from the steps, with the thermal model on or off (the power model of
+    core/calibration.ThermalProfile). `slowdown_after_s`: the end of the first throttled step,
+    from the start of the run. Sums run in step order (the replicas' logs one after another)."""
+    profile = thermal_profile_of(spec)
+    log = StepLog() if len(scheds) != 1 else scheds[0].log
+    if len(scheds) != 1:
+        for s in scheds:
+            log.extend(s.log)
+    idx, w = step_weights(log, start, end)
+    if not len(idx):
+        idx, w = step_weights(log, float("-inf"), float("inf"))
+    span = max(end - start, 1e-9) * len(scheds)
+    kind = log.ints("kind")[idx]
+    p_tok = log.ints("prefill_tokens")[idx].astype(np.float64)
+    tokens = p_tok + log.ints("decode_tokens")[idx]
+    # vLLM's mixed steps: decodes and prefill chunks, split by their tokens
+    mixed = kind == KIND_CODES["mixed"]
+    share = np.divide(p_tok, tokens, out=np.zeros_like(p_tok), where=tokens != 0)
+    by_kind = {
+        "prefill": _added(np.where(mixed, w * share, w)[kind != KIND_CODES["decode"]]),
+        "decode": _added(np.where(mixed, w * (1.0 - share), w)[kind != KIND_CODES["prefill"]]),
     }
-
-
-def gpu_block(spec: EngineSpec, scheds: list[Scheduler], start: float,
-              end: float) -> dict[str, Any]:
+    busy_s = sum(by_kind.values())
+    loaded_w = profile.idle_w + sum(
+        secs * (profile.phase_power_w(k) - profile.idle_w) for k, secs in by_kind.items()) / span
+    busy_share = round(min(1.0, busy_s / span), 4)
+    prefill_share = round(by_kind["prefill"] / busy_s, 4) if busy_s else None
     if scheds[0].thermal is None:
-        mhz = thermal_profile(spec.gpu).loaded_mhz
-        return {"sm_clock_mhz": {"p50": mhz, "min": mhz}, "temp_c": {"max": None},
-                "thermal_slowdown_share": 0.0, "modelled": True, "thermal_model": False}
-    log = [r for s in scheds for r in s.log]
-    rows = [r for r in log if start <= float(r[0]) <= end]  # type: ignore[arg-type]
-    if not rows:
-        rows = log
-    clocks = sorted(float(r[9]) for r in rows)  # type: ignore[arg-type]
-    temps = [float(r[10]) for r in rows]  # type: ignore[arg-type]
-    slow = sum(1 for r in rows if r[12])
-    return {
-        "sm_clock_mhz": {"p50": round(clocks[len(clocks) // 2], 1), "min": round(clocks[0], 1)},
-        "temp_c": {"max": round(max(temps), 2)},
-        "thermal_slowdown_share": round(slow / len(rows), 4),
-        "modelled": True,
-        "thermal_model": True,
-    }
+        mhz = profile.loaded_mhz
+        return GpuBlock(
+            sm_clock_mhz=ClockStats(p50=mhz, min=mhz), temp_c=TempStats(max=None),
+            thermal_slowdown_share=0.0,
+            modelled=ModelledGpu(
+                busy_share=busy_share, prefill_share=prefill_share,
+                power_w=ModelledPower(mean=round(loaded_w, 2),
+                                      at_loaded_clock=round(loaded_w, 2)),
+                slowdown_after_s=None, thermal_model=False))
+    sm = log.floats("sm_clock_mhz")[idx]
+    slow = log.ints("thermal_slowdown") != 0
+    slow_s = sum(w[slow[idx]].tolist())
+    energy = _added(log.floats("power_w")[idx] * w)
+    mean_w = (energy + profile.idle_w * max(0.0, span - busy_s)) / span
+    first_slow = float(log.floats("time")[slow].min()) if slow.any() else None
+    p50 = time_weighted_percentile(sm.tolist(), w.tolist(), 50.0)
+    assert p50 is not None  # idx holds at least one step with time in it
+    return GpuBlock(
+        sm_clock_mhz=ClockStats(p50=round(p50, 1), min=round(float(sm.min()), 1)),
+        temp_c=TempStats(max=round(float(log.floats("temp_c")[idx].max()), 2)),
+        thermal_slowdown_share=round(slow_s / busy_s, 4) if busy_s else 0.0,
+        modelled=ModelledGpu(
+            busy_share=busy_share, prefill_share=prefill_share,
+            power_w=ModelledPower(mean=round(mean_w, 2), at_loaded_clock=round(loaded_w, 2)),
+            slowdown_after_s=round(first_slow, 1) if first_slow is not None else None,
+            thermal_model=True))
+
+
+def _added(values: npt.NDArray[np.float64]) -> float:
+    """The values added one after another, from 0.0 (numpy's sum adds pairwise)."""
+    total = 0.0
+    for v in values.tolist():
+        total += v
+    return total
+
+
+def step_weights(log: StepLog, start: float, end: float) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The steps with a part of their duration inside [start, end] (their indices in the
+    log, in order) and the seconds of that part."""
+    t = log.floats("time")
+    w = np.minimum(t, end) - np.maximum(t - log.floats("step_s"), start)
+    idx = np.flatnonzero(w > 0)
+    return idx, w[idx]
 
 
 def is_calibrated(spec: EngineSpec) -> bool:
@@ -274,7 +362,8 @@ def is_calibrated(spec: EngineSpec) -> bool:
 
 
 def target_block(spec: EngineSpec) -> dict[str, Any]:
-    block = {"engine": "twin", "engine_models": "sglang-0.5",
+    block = {"engine": "twin", "engine_models": ENGINE_MODEL_VERSIONS[spec.engine_model],
+             "engine_model": spec.engine_model,
              "chatfleet_version": __version__,
              "calibration": "calibrated" if is_calibrated(spec) else "uncalibrated",
              **spec.to_json()}

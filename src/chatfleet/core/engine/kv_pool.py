@@ -7,13 +7,15 @@ reports its own (`RadixCache.total_size`). Free = capacity - tree - requests.
 
 from __future__ import annotations
 
+from chatfleet.core.errors import ChatfleetError
+
 
 class KVPool:
     def __init__(self, capacity_tokens: int, page_size: int = 1) -> None:
         if capacity_tokens <= 0:
-            raise ValueError("the KV pool must hold at least one token")
+            raise ChatfleetError("the KV pool must hold at least one token")
         if page_size <= 0:
-            raise ValueError("page size must be positive")
+            raise ChatfleetError("page size must be positive")
         self.capacity_tokens = capacity_tokens - capacity_tokens % page_size
         self.page_size = page_size
         self.num_request_tokens = 0
@@ -32,9 +34,9 @@ class KVPool:
         return self.slots(tokens) <= self.num_free_tokens(tree_tokens) + evictable_tokens
 
     def allocate(self, tokens: int) -> None:
-        self.num_request_tokens += self.slots(tokens)
+        self.num_request_tokens += tokens if self.page_size == 1 else self.slots(tokens)
 
     def free(self, tokens: int) -> None:
-        self.num_request_tokens -= self.slots(tokens)
+        self.num_request_tokens -= tokens if self.page_size == 1 else self.slots(tokens)
         if self.num_request_tokens < 0:
             raise RuntimeError("KV pool freed more slots than it allocated")

@@ -38,6 +38,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from chatfleet.core.errors import ChatfleetError
+
 EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "slru", "priority")
 
 SLRU_PROTECTED_HITS = 2  # SGLang's SLRUStrategy protected_threshold
@@ -183,14 +185,14 @@ class _LeafHeap:
     def add(self, node: TreeNode) -> None:
         if node not in self.members:
             self.members.add(node)
-            self._push(node)
+            self.push(node)
 
     def discard(self, node: TreeNode) -> None:
         self.members.discard(node)
 
     def touch(self, node: TreeNode) -> None:
         if node in self.members:
-            self._push(node)
+            self.push(node)
 
     def pop(self) -> TreeNode | None:
         while self._entries:
@@ -204,7 +206,8 @@ class _LeafHeap:
         self.members.clear()
         self._entries.clear()
 
-    def _push(self, node: TreeNode) -> None:
+    def push(self, node: TreeNode) -> None:
+        """A fresh entry for a member whose key changed (or that just joined)."""
         self._num_pushed += 1
         heapq.heappush(self._entries, (self.key_of(node), self._num_pushed, node))
         if len(self._entries) > 2 * len(self.members) + 64:  # drop stale entries
@@ -218,11 +221,12 @@ class RadixCache:
     def __init__(self, policy: str = "lru", host_capacity_tokens: int = 0) -> None:
         policy = policy.lower()
         if policy not in _EVICT_KEYS:
-            raise ValueError(f"unknown eviction policy {policy!r}; one of {EVICTION_POLICIES}")
+            raise ChatfleetError(f"unknown eviction policy {policy!r}; one of {EVICTION_POLICIES}")
         if host_capacity_tokens < 0:
-            raise ValueError(f"host_capacity_tokens must be >= 0, got {host_capacity_tokens}")
+            raise ChatfleetError(f"host_capacity_tokens must be >= 0, got {host_capacity_tokens}")
         self.policy = policy
         self.host_capacity_tokens = host_capacity_tokens
+        self._host = host_capacity_tokens > 0  # has_host_tier, read on every insert and touch
         self._evict_key = _EVICT_KEYS[policy]
         self.num_evicted_tokens = 0  # device tokens evicted (moved to host or dropped)
         self.num_loaded_back_tokens = 0
@@ -322,7 +326,7 @@ class RadixCache:
             if not chunked:
                 x.hit_count += 1
             self._touch(x)
-            if self.has_host_tier and not x.on_host:
+            if self._host and not x.on_host:
                 self._write_through(x)
             if x.parent is None:
                 raise ValueError(f"{node} is no longer in the tree (evicted or reset)")
@@ -350,7 +354,7 @@ class RadixCache:
             if not chunked:
                 child.hit_count += 1
             self._touch(child)
-            if self.has_host_tier and not child.on_host:
+            if self._host and not child.on_host:
                 self._write_through(child)
             node = child
             pos += num_matched
@@ -469,7 +473,7 @@ class RadixCache:
         self._device_leaves.discard(parent)
         self._device_leaves.add(leaf)
         self._evictable_size += len(key)
-        if self.has_host_tier:
+        if self._host:
             self._write_through(leaf)
         return leaf
 
@@ -562,8 +566,10 @@ class RadixCache:
 
     def _touch(self, node: TreeNode) -> None:
         """Call after changing a node's access time, hit count or priority."""
-        self._device_leaves.touch(node)
-        self._host_leaves.touch(node)
+        if node in self._device_leaves.members:
+            self._device_leaves.push(node)
+        if self._host and node in self._host_leaves.members:
+            self._host_leaves.push(node)
 
     def _check_attached(self, node: TreeNode) -> None:
         x = node

@@ -1,12 +1,13 @@
 """SGLang's scheduler (v0.5), modelled step by step, with the radix cache and the KV pool.
 
-Rules (DESIGN.md, and SGLang's scheduler.py / schedule_policy.py):
+Rules (docs/facts.md#sglang-scheduling: SGLang's scheduler.py / schedule_policy.py):
 - Prefill first: whenever a prefill batch can be formed it runs, and decode stalls meanwhile.
   No mixed batches. Prefill batches hold at most `chunked_prefill_size` new tokens; a longer
   prompt is chunked and its chunks continue first in the following prefill batches.
-- Admission (PrefillAdder): budget = free + evictable tokens minus, over running requests,
-  min(max_new - generated, 4096) x new_token_ratio; a waiting request is admitted when its
-  extend length + min(max_new, 4096) fits; the first that does not stops the round (FCFS).
+- Admission (PrefillAdder, prefill_adder.py): budget = free + evictable tokens minus, over
+  running requests, min(max_new - generated, 4096) x new_token_ratio; a waiting request is
+  admitted when its extend length + min(max_new, 4096) fits; the first that does not stops the
+  round (FCFS).
   LPM orders the queue by longest cached prefix and falls back to FCFS above 128 waiting.
 - new_token_ratio starts at 0.7 and falls by (0.7 - 0.098) / 600 per decode step to 0.098;
   it returns to 0.7 when nothing runs.
@@ -21,7 +22,8 @@ Rules (DESIGN.md, and SGLang's scheduler.py / schedule_policy.py):
 Decode is kept O(1) per step: the scheduler never walks the running batch per token. Each
 running request remembers the global decode step at which its current decode segment started
 (`join_step`); its generated count, its KV slots and the batch's context length follow from
-running sums. Token times are the global step end times from `join_step` on.
+running sums. Token times are the global step end times from `join_step` on. With a horizon
+(the twin), decode steps run as one event while nothing can change them (decode_run.py).
 """
 
 from __future__ import annotations
@@ -29,16 +31,19 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
+from chatfleet.core.engine.decode_run import advance_thermal, run_ends
 from chatfleet.core.engine.kv_pool import KVPool
+from chatfleet.core.engine.prefill_adder import CLIP_MAX_NEW_TOKENS, PrefillAdder
 from chatfleet.core.engine.radix import RadixCache, as_tokens
-from chatfleet.core.engine.request import EngineRequest
-from chatfleet.core.engine.step_time import StepTimeModel, attention_pairs
+from chatfleet.core.engine.request import EngineRequest, Segment
+from chatfleet.core.engine.step import Step, StepResult
+from chatfleet.core.engine.step_time import StepTimeModel
+from chatfleet.core.engine.steplog import NO_THERMAL, StepLog, ThermalFigures
 from chatfleet.core.engine.thermal import ThermalState
+from chatfleet.core.errors import ChatfleetError
 
-CLIP_MAX_NEW_TOKENS = 4096
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 
 
@@ -60,54 +65,24 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.pool_tokens <= 0:
-            raise ValueError("pool_tokens must be positive")
+            raise ChatfleetError("pool_tokens must be positive")
         if self.chunked_prefill_size <= 0:
-            raise ValueError("chunked_prefill_size must be positive")
+            raise ChatfleetError("chunked_prefill_size must be positive")
         if self.max_running_requests is not None and self.max_running_requests <= 0:
-            raise ValueError("max_running_requests must be positive")
+            raise ChatfleetError("max_running_requests must be positive")
         if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"unknown schedule policy {self.schedule_policy!r}")
+            raise ChatfleetError(f"unknown schedule policy {self.schedule_policy!r}")
         if self.host_pool_tokens < 0:
-            raise ValueError("host pool tokens must not be negative")
+            raise ChatfleetError("host pool tokens must not be negative")
 
     @property
     def max_running(self) -> int:
         return self.max_running_requests or max(1, self.pool_tokens // 2)
 
 
-@dataclass(slots=True)
-class Step:
-    kind: Literal["prefill", "decode"]
-    start: float
-    duration: float
-    batch: list[tuple[EngineRequest, int]] = field(default_factory=list)  # prefill: (req, extend)
-    num_decode: int = 0
-    num_prefill_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_waiting: int = 0  # queue at scheduling time: what prefill-first could not admit
-    # decode only: end times of consecutive decode steps run as one (see Scheduler.schedule)
-    decode_ends: list[float] = field(default_factory=list)
-
-    @property
-    def end(self) -> float:
-        return self.start + self.duration
-
-
-@dataclass(slots=True)
-class StepResult:
-    step: Step
-    first_tokens: list[EngineRequest] = field(default_factory=list)  # a prefill sampled a token
-    finished: list[EngineRequest] = field(default_factory=list)
-    retracted: list[EngineRequest] = field(default_factory=list)
-
-
-# One log row per step, as SGLang's scheduler logs them.
-LOG_FIELDS = ("time", "kind", "batch", "prefill_tokens", "decode_tokens", "running", "queue",
-              "token_usage", "cache_hit_rate", "sm_clock_mhz", "temp_c", "power_w",
-              "thermal_slowdown")
-
-
 class Scheduler:
+    engine_name = "sglang"
+
     def __init__(self, cfg: SchedulerConfig, step_model: StepTimeModel,
                  thermal: ThermalState | None = None) -> None:
         self.cfg = cfg
@@ -124,7 +99,7 @@ class Scheduler:
             1, cfg.new_token_ratio_decay_steps)
         self.num_decode_steps = 0  # completed
         self.step_end_times: list[float] = []
-        self.log: list[tuple[object, ...]] = []
+        self.log = StepLog()
         self._finish_heap: list[tuple[int, int, int, EngineRequest]] = []
         self._seq = 0
         # running sums over `running` (decode requests)
@@ -186,7 +161,7 @@ class Scheduler:
             self._leave_running(req)
             self._release(req, own=self._own_decode_slots(req))
             req.state = "aborted"
-            self._close_segment(req)
+            req.close_segment(self.num_decode_steps)
             return req
         if self.in_flight is not None:
             for req, _ in self.in_flight.batch:
@@ -238,7 +213,7 @@ class Scheduler:
             req.prefix_node = None
             req.prefix_len = 0
 
-    def _ensure_free(self, tokens: int, now: float) -> None:
+    def ensure_free(self, tokens: int, now: float) -> None:
         short = tokens - (self.pool.capacity_tokens - self.tree.total_size()
                           - self.pool.num_request_tokens)
         if short > 0:
@@ -266,11 +241,8 @@ class Scheduler:
         if not self.running:
             self.new_token_ratio = self.cfg.init_new_token_ratio
 
-    def _close_segment(self, req: EngineRequest) -> None:
-        if req.segments and req.segments[-1][2] is None:
-            req.segments[-1][2] = self.num_decode_steps
-
-    def _reserved_for_running(self) -> float:
+    def reserved_for_running(self) -> float:
+        """What the running requests may still decode, times new_token_ratio."""
         n = len(self.running)
         generated = self._sum_gen_base + n * self.num_decode_steps - self._sum_join
         return max(0, self._sum_max_new - generated) * self.new_token_ratio
@@ -279,12 +251,12 @@ class Scheduler:
     def schedule(self, now: float, horizon: float | None = None) -> Step | None:
         """Choose the next batch, reserve its KV, and return it with its modelled duration.
 
-        With a `horizon` (from a virtual-time loop), a decode step may be extended into a run
-        of consecutive decode steps, up to the first request that finishes or the first step
-        that ends at or after the horizon. Nothing inside the engine can change between them;
+        With a `horizon` (a virtual-time loop's stop time), a decode step may be extended into
+        a run of consecutive decode steps, up to the first request that finishes or the last
+        step that ends by the horizon. Nothing inside the engine can change between them;
         when something arrives from outside, the loop calls `truncate_decode_run`, so the run
-        gives exactly what single steps give. Without a horizon (a live server, or with the
-        thermal model on) every step is its own."""
+        gives what single steps give (the thermal model, when on, steps along the run:
+        decode_run.py). Without a horizon (a live server) every step is its own."""
         if self.in_flight is not None:
             raise RuntimeError("a step is already running")
         if self.thermal is not None and now > self._busy_until:
@@ -306,91 +278,41 @@ class Scheduler:
         return self.waiting
 
     def _schedule_prefill(self, now: float) -> Step | None:
-        cfg = self.cfg
+        """A prefill round (prefill_adder.py): the chunked request's next chunk first, then
+        waiting requests in queue order while they fit and fewer than max_running run."""
         if self.chunked is None and not self.waiting:
             return None
-        rem_chunk = cfg.chunked_prefill_size
-        reserved = self._reserved_for_running()  # plus what this round admits
-        batch: list[tuple[EngineRequest, int]] = []
-        pairs = 0.0
-        cached_read = 0
-        logits = 0
-        load_back = 0
-        new_cached = 0
-        candidates: Sequence[EngineRequest]
-        candidates = self._queue_order(now)
-        if self.chunked is not None:
-            candidates = [self.chunked, *candidates]
-        admitted: list[EngineRequest] = []
+        cfg = self.cfg
+        adder = PrefillAdder(self.tree, self.pool, cfg.chunked_prefill_size,
+                             cfg.load_back_threshold, self.reserved_for_running(),
+                             self.free_tokens, self.ensure_free, now)
+        chunked = self.chunked
+        candidates: Sequence[EngineRequest] = self._queue_order(now)
+        if chunked is not None:
+            candidates = [chunked, *candidates]
+        max_running = cfg.max_running
         for req in candidates:
-            if req is not self.chunked and len(self.running) + len(batch) >= cfg.max_running:
+            if req is not chunked and len(self.running) + len(adder.batch) >= max_running:
                 break
-            if rem_chunk <= 0:
+            if adder.rem_chunk <= 0:
                 break
-            if req is self.chunked:
-                prefix = req.num_computed
-                loaded = 0
-            else:
-                m = self.tree.match_prefix(req.fill, now)
-                # SGLang always computes the last prompt token (its logits are sampled)
-                prefix = min(m.device_len, len(req.fill) - 1)
-                loaded = m.host_len if m.host_len > cfg.load_back_threshold else 0
-                extend_all = len(req.fill) - prefix - loaded
-                remaining_new = req.max_new_tokens - req.gen_base
-                total = extend_all + min(remaining_new, CLIP_MAX_NEW_TOKENS)
-                # lock first: the budget shrinks when the prefix stops being evictable
-                self.tree.inc_lock_ref(m.node)
-                rem_total = self.free_tokens() + self.tree.evictable_size() - reserved
-                if total + loaded >= rem_total:
-                    self.tree.dec_lock_ref(m.node)
-                    break
-                if loaded:
-                    old_node = m.node  # locked above; load_back moves m.node deeper
-                    self._ensure_free(loaded, now)
-                    self.tree.load_back(m, now)
-                    m = self.tree.match_prefix(req.fill, now)
-                    self.tree.inc_lock_ref(m.node)
-                    self.tree.dec_lock_ref(old_node)
-                    prefix = min(m.device_len, len(req.fill) - 1)
-                    req.num_loaded_back_tokens += loaded
-                    load_back += loaded
-                req.prefix_node = m.node
-                req.prefix_len = m.device_len
-                req.num_computed = prefix
-                if not req.seen_by_admission:
-                    req.num_cached_tokens = prefix
-                    req.seen_by_admission = True
-                    self.num_prefill_input_tokens += len(req.fill)
-                    self.num_prefill_cached_tokens += prefix
-                    new_cached += prefix
-                admitted.append(req)
-            extend = min(len(req.fill) - prefix, rem_chunk)
-            self._ensure_free(extend, now)
-            self.pool.allocate(extend)
-            req.num_own_tokens = extend
-            req.state = "prefilling"
-            batch.append((req, extend))
-            rem_chunk -= extend
-            pairs += attention_pairs(prefix, extend)
-            cached_read += prefix
-            if prefix + extend >= len(req.fill):
-                logits += 1
-                # its new tokens are reserved once its prompt is complete (PrefillAdder's
-                # add_one_req and add_chunked_req); the extend itself left `free` above
-                reserved += min(req.max_new_tokens - req.gen_base, CLIP_MAX_NEW_TOKENS)
-            else:
-                self.chunked = req  # the rest of its prompt goes first in the next batches
+            if not (adder.add_chunked(req) if req is chunked else adder.add_one(req)):
                 break
-        for req in admitted:
+        if adder.chunked is not None:
+            self.chunked = adder.chunked  # the rest of its prompt goes first next time
+        self.num_prefill_input_tokens += adder.num_input_tokens
+        self.num_prefill_cached_tokens += adder.num_cached_tokens
+        for req in adder.admitted:
             self.waiting.remove(req)
+        batch = adder.batch
         if not batch:
             return None
         new_tokens = sum(e for _, e in batch)
         sm, mem = self._clock_factors()
-        duration = self.step_model.prefill_s(new_tokens, pairs, cached_read, logits, load_back,
-                                             sm, mem)
+        duration = self.step_model.prefill_s(new_tokens, adder.pairs, adder.cached_read,
+                                             adder.logits, adder.load_back, sm, mem)
         return Step("prefill", now, duration, batch=batch, num_prefill_tokens=new_tokens,
-                    num_cached_tokens=new_cached, num_waiting=len(self.waiting))
+                    num_cached_tokens=adder.num_cached_tokens, num_waiting=len(self.waiting))
 
     def _schedule_decode(self, now: float, horizon: float | None = None) -> Step:
         retracted = self._retract_if_needed(now)
@@ -403,23 +325,15 @@ class Scheduler:
             return step
         # each request attends over its prefill, its decoded tokens and the token of this step
         kv_tokens = self._sum_fill + n * (self.num_decode_steps + 1) - self._sum_join
-        sm, mem = self._clock_factors()
-        decode_s = self.step_model.decode_s
         max_steps = 1
-        if (horizon is not None and not self.waiting and self.chunked is None
-                and self.thermal is None and not retracted):
+        if horizon is not None and not self.waiting and self.chunked is None and not retracted:
             to_finish = self._finish_heap[0][0] - self.num_decode_steps + 1
             fits = (self.free_tokens() + self.tree.evictable_size()) // n
             max_steps = max(1, min(to_finish, fits))
-        ends: list[float] = []
-        t = now
-        while True:
-            t += decode_s(n, kv_tokens, sm, mem)
-            ends.append(t)
-            kv_tokens += n
-            if len(ends) >= max_steps or horizon is None or t >= horizon:
-                break
-        self._ensure_free(n * len(ends), now)
+        ends = run_ends(self.step_model.decode_s, n, kv_tokens, now, max_steps,
+                        float("inf") if horizon is None else horizon, self.thermal)
+        t = ends[-1]
+        self.ensure_free(n * len(ends), now)
         self.pool.allocate(n * len(ends))
         step = Step("decode", now, t - now, num_decode=n, num_waiting=len(self.waiting),
                     decode_ends=ends)
@@ -446,7 +360,7 @@ class Scheduler:
             del self.running[req.rid]
             self._leave_running(req)
             self._release(req, own=self._own_decode_slots(req))
-            self._close_segment(req)
+            req.close_segment(self.num_decode_steps)
             req.state = "waiting"
             req.fill = as_tokens(req.prompt) + as_tokens(req.output_ids)[:generated]
             req.gen_base = generated
@@ -497,17 +411,20 @@ class Scheduler:
             raise RuntimeError("no step is running")
         self.in_flight = None
         if self.thermal is not None:
-            self.thermal.advance(now - step.start, 1.0)
+            thermal = advance_thermal(self.thermal, step, now)
             self._busy_until = now
+        else:
+            thermal = [NO_THERMAL] * max(1, len(step.decode_ends))
         result = StepResult(step)
         if step.kind == "prefill":
             self._complete_prefill(step, now, result)
+            self.log.add(now, "prefill", len(step.batch), step.num_prefill_tokens, 0,
+                         len(self.running), step.num_waiting, self.token_usage(),
+                         self._hit_rate(), thermal[0], step.duration)
         else:
-            self._complete_decode(step, now, result)
+            self._complete_decode(step, now, result, thermal)
             result.retracted = self._pending_retracted
             self._pending_retracted = []
-        if step.kind == "prefill":
-            self._log(step, now, self.token_usage())
         return result
 
     def _complete_prefill(self, step: Step, now: float, result: StepResult) -> None:
@@ -543,23 +460,27 @@ class Scheduler:
             if self.chunked is req:
                 self.chunked = None
             req.gen_base += 1
-            req.segments.append([now, self.num_decode_steps, None])
+            req.segments.append(Segment(now, self.num_decode_steps))
             if req.first_token_time is None:
                 req.first_token_time = now
             result.first_tokens.append(req)
             if req.gen_base >= req.output_len:
-                self._close_segment(req)
+                req.close_segment(self.num_decode_steps)
                 self._finish(req, now, result)
             else:
                 self._enter_running(req)
 
-    def _complete_decode(self, step: Step, now: float, result: StepResult) -> None:
-        k = len(step.decode_ends)
+    def _complete_decode(self, step: Step, now: float, result: StepResult,
+                         thermal: list[ThermalFigures]) -> None:
+        ends = step.decode_ends
+        k = len(ends)
         n = step.num_decode
         cap = self.pool.capacity_tokens
         used = cap - self.free_tokens() - self.tree.evictable_size()
-        for j, t in enumerate(step.decode_ends):  # one log row per decode step, as SGLang's
-            self._log(step, t, (used - n * (k - 1 - j)) / cap)
+        # one log entry per decode step, as SGLang's; the later steps' slots were not yet used
+        self.log.add_run(step.start, ends, "decode", n, 0, n, len(self.running),
+                         step.num_waiting, [(used - n * (k - 1 - j)) / cap for j in range(k)],
+                         self._hit_rate(), thermal)
         self.num_decode_steps += k
         self.step_end_times.extend(step.decode_ends)
         if not self.running:
@@ -575,7 +496,7 @@ class Scheduler:
                 continue  # stale: retracted or aborted since
             del self.running[req.rid]
             self._leave_running(req)
-            self._close_segment(req)
+            req.close_segment(self.num_decode_steps)
             self._finish(req, now, result, own=self.num_decode_steps - req.join_step)
 
     def _finish(self, req: EngineRequest, now: float, result: StepResult, own: int = 0) -> None:
@@ -593,25 +514,52 @@ class Scheduler:
         req.finish_time = now
         result.finished.append(req)
 
-    def _log(self, step: Step, now: float, usage: float) -> None:
-        hit = (self.num_prefill_cached_tokens / self.num_prefill_input_tokens
-               if self.num_prefill_input_tokens else 0.0)
-        th = self.thermal
-        self.log.append((
-            now, step.kind, len(step.batch) if step.kind == "prefill" else step.num_decode,
-            step.num_prefill_tokens, step.num_decode, len(self.running), step.num_waiting,
-            usage, hit,
-            th.sm_mhz if th else None, th.temp_c if th else None, th.power_w if th else None,
-            th.slowdown if th else False,
-        ))
+    def _hit_rate(self) -> float:
+        return (self.num_prefill_cached_tokens / self.num_prefill_input_tokens
+                if self.num_prefill_input_tokens else 0.0)
 
     # --- results -------------------------------------------------------------------------
     def token_times(self, req: EngineRequest) -> list[float]:
         """Every output token's emission time (first included), from the step log."""
-        out: list[float] = []
-        ends = self.step_end_times
-        for first, start, end in req.segments:
-            out.append(first)
-            stop = self.num_decode_steps if end is None else end
-            out.extend(ends[start:stop])
-        return out
+        return req.token_times(self.step_end_times, self.num_decode_steps)
+
+    # --- the engine-model interface (protocol.py) ----------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        return self.pool.capacity_tokens
+
+    @property
+    def context_length(self) -> int:
+        return self.cfg.context_length
+
+    @property
+    def num_evicted_tokens(self) -> int:
+        return self.tree.num_evicted_tokens
+
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def max_new_tokens_room(self, prompt_len: int) -> int:
+        # admission needs prompt + max_new strictly below the pool (SGLang's max_req_len - 1)
+        return min(self.cfg.context_length - prompt_len,
+                   self.pool.capacity_tokens - 1 - prompt_len)
+
+    def num_used_tokens(self) -> int:
+        return self.pool.capacity_tokens - self.free_tokens() - self.tree.evictable_size()
+
+    def decoding_requests(self) -> list[EngineRequest]:
+        return list(self.running.values())
+
+    def next_ready_time(self) -> float | None:
+        """Every request is schedulable as it arrives: no wake-up is ever needed."""
+        return None
+
+    def prefix_cache_counters(self) -> tuple[int, int]:
+        """(prompt tokens, of those cached), counted once per request at admission."""
+        return self.num_prefill_input_tokens, self.num_prefill_cached_tokens
+
+    def step_tokens(self, result: StepResult) -> list[EngineRequest]:
+        """The requests that got a token in this (single) step."""
+        if result.step.kind == "prefill":
+            return list(result.first_tokens)
+        return [*self.running.values(), *result.finished]

@@ -60,6 +60,10 @@ class StepTimeModel:
         self.pcie_bytes_per_s = gpu.pcie_gbs * 1e9
         self.cuda_graph_max_bs = c.cuda_graph_max_bs
         self.chunked_prefill_size = c.chunked_prefill_size
+        # a prefill's FLOPs per new token and per sampled token (Model.linear_params sums
+        # the layer's shapes each time it is read)
+        self.prefill_flops_per_token = 2.0 * model.linear_params
+        self.logits_flops_per_token = 2.0 * model.vocab_size * model.hidden_size
 
     def decode_s(self, batch: int, kv_tokens: int, sm_factor: float = 1.0,
                  mem_factor: float = 1.0) -> float:
@@ -84,25 +88,25 @@ class StepTimeModel:
         load_back_tokens: tokens brought back from the host tier before the step.
         """
         c = self.constants
-        m = self.model
         weights = self.weights_s * mem_factor
-        flops = (2.0 * m.linear_params * new_tokens
-                 + 2.0 * m.vocab_size * m.hidden_size * logits_tokens)
+        flops = (self.prefill_flops_per_token * new_tokens
+                 + self.logits_flops_per_token * logits_tokens)
         gemm = flops / self.gemm_flops_per_s * sm_factor
         attn = attn_pairs * self.attn_flops_per_pair / self.attn_flops_per_s * sm_factor
         kv_read = cached_read_tokens * self.kv_read_s_per_token * mem_factor
         load = load_back_tokens * self.kv_bytes_per_token / self.pcie_bytes_per_s
         return c.prefill_fixed_s + (weights if weights > gemm else gemm) + attn + kv_read + load
 
-    def recompute_s(self, tokens: int) -> float:
-        """Prefill time of `tokens` with no cached prefix, in chunks: what a session pays to
-        recompute its history on a replica that does not hold it."""
+    def recompute_s(self, tokens: int, cached: int = 0) -> float:
+        """Prefill time of `tokens` after `cached` ones, in chunks, alone in its batches: what
+        a session pays to recompute its history on a replica that does not hold it."""
         total = 0.0
-        done = 0
+        done = cached
+        end = cached + tokens
         chunk = self.chunked_prefill_size
-        while done < tokens:
-            n = min(chunk, tokens - done)
-            total += self.prefill_s(n, attention_pairs(done, n), done, 1 if done + n >= tokens
+        while done < end:
+            n = min(chunk, end - done)
+            total += self.prefill_s(n, attention_pairs(done, n), done, 1 if done + n >= end
                                     else 0)
             done += n
         return total

@@ -11,6 +11,21 @@ Rules (docs/fleet-core.md states them with examples):
 - The queue holds at most `queue_depth` requests. Above it the arriving request is shed at once;
   a returning session (with priority on) instead displaces the newest new-session request, which
   is shed in its place.
+- A request under an API key whose limit is set (`key_limits`) is shed at once (reason
+  `key_limit`) when that key already has `limit` requests queued or in flight; otherwise it
+  counts against its key from the offer until it leaves (released, shed from the queue, or
+  cancelled; a requeue keeps it counted). Retry-After counts the requests over the limit.
+- While the fleet has no replica that takes requests (none added yet, all removed or ejected),
+  no slot can ever free for a request: it is shed at once (reason `no_replica`, the gateway's
+  503), and so is every queued request when the last replica leaves.
+- A request that fails at its replica before the first byte (`requeue`) frees its slot (not
+  counted as drained: nothing finished) and is placed again, never at the replica it failed on:
+  shed if no other replica is in the fleet (`no_replica`) or its original deadline has passed;
+  else admitted at once to the least loaded other replica with room; else queued again with
+  its original deadline, ahead of every request of its class that was not requeued (it was let
+  in once and lost its turn to the fleet's fault, not its own); a full queue sheds its last
+  request in its place if that one ranks below it (`displaced`), else sheds it (`queue_full`).
+  Queued again, it takes the first slot that frees on any replica but the one it failed on.
 - Every shed carries Retry-After = (requests ahead of it + 1) / fleet drain rate, bounded to
   [retry_min_s, retry_max_s], as whole seconds (rounded up) and as milliseconds; retry_min_s
   while nothing has drained in the window.
@@ -26,13 +41,16 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from chatfleet.core.errors import ChatfleetError
+
 Outcome = Literal["admitted", "queued", "shed"]
-ShedReason = Literal["queue_full", "deadline", "displaced"]
+ShedReason = Literal["queue_full", "deadline", "displaced", "no_replica", "key_limit"]
 
 RETRY_MIN_S = 1.0
 # openai-python honours retry-after-ms / retry-after only up to 60 s (beyond, it falls back to
@@ -49,6 +67,8 @@ class FleetRequest:
 
     prompt_tokens / cached_tokens: the session's previous turn's usage (`prompt_tokens` and
     `prompt_tokens_details.cached_tokens`), when known; None on a first turn or without usage.
+    key: the API key's name the request came under (its concurrency limit, `key_limits`), or
+    None.
     """
 
     request_id: str
@@ -57,6 +77,7 @@ class FleetRequest:
     returning: bool = False
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +134,7 @@ class DrainRate:
 
     def __init__(self, window_s: float = DRAIN_WINDOW_S) -> None:
         if window_s <= 0:
-            raise ValueError("the drain window must be positive")
+            raise ChatfleetError("the drain window must be positive")
         self.window_s = window_s
         self._times: deque[float] = deque()
 
@@ -161,10 +182,14 @@ class _Waiting:
     seq: int
     deadline: float
     target: str | None
+    avoid: str | None = None  # requeued: the replica it failed on, which it never goes back to
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.klass, self.seq)
+    def key(self) -> tuple[int, int, int]:
+        return (self.klass, 0 if self.avoid is not None else 1, self.seq)
+
+
+_DEADLINE = operator.attrgetter("deadline")
 
 
 class AdmissionController:
@@ -182,13 +207,14 @@ class AdmissionController:
         drain_window_s: float = DRAIN_WINDOW_S,
         retry_min_s: float = RETRY_MIN_S,
         retry_max_s: float = RETRY_MAX_S,
+        key_limits: Mapping[str, int] | None = None,
     ) -> None:
         if queue_depth < 0:
-            raise ValueError("queue_depth must not be negative")
+            raise ChatfleetError("queue_depth must not be negative")
         if not 0 <= prefill_reserve_s < ttft_budget_s:
-            raise ValueError("need 0 <= prefill_reserve_s < ttft_budget_s")
+            raise ChatfleetError("need 0 <= prefill_reserve_s < ttft_budget_s")
         if not 1.0 <= retry_min_s <= retry_max_s:
-            raise ValueError("need 1 <= retry_min_s <= retry_max_s")
+            raise ChatfleetError("need 1 <= retry_min_s <= retry_max_s")
         for replica, cap in caps.items():
             _check_cap(replica, cap)
         self.max_queue_depth = queue_depth
@@ -210,7 +236,12 @@ class AdmissionController:
         self.num_admitted = 0
         self.num_released = 0
         self.num_cancelled = 0
-        self.num_shed: dict[ShedReason, int] = {"queue_full": 0, "deadline": 0, "displaced": 0}
+        self.num_requeued = 0
+        self.num_shed: dict[ShedReason, int] = {"queue_full": 0, "deadline": 0, "displaced": 0,
+                                                "no_replica": 0, "key_limit": 0}
+        self._key_limits: dict[str, int] = {}
+        self._key_count: dict[str, int] = {}
+        self.set_key_limits(key_limits or {})
 
     # --- reads (the FleetView) ---------------------------------------------------------------
     def replicas(self) -> list[str]:
@@ -241,6 +272,10 @@ class AdmissionController:
         key = self._key_of(request)
         return sum(1 for w in self._queue if w.key < key and w.target == replica)
 
+    def key_count(self, key: str) -> int:
+        """Requests under `key` queued or in flight."""
+        return self._key_count.get(key, 0)
+
     def queue_depth(self) -> int:
         """Requests waiting now."""
         return len(self._queue)
@@ -249,12 +284,17 @@ class AdmissionController:
         """Waiting requests in the order they will be considered."""
         return [w.request for w in self._queue]
 
+    def avoids(self, request_id: str) -> str | None:
+        """The replica a queued, requeued request failed on and will not go back to."""
+        waiting = self._waiting.get(request_id)
+        return None if waiting is None else waiting.avoid
+
     def deadline(self, request: FleetRequest) -> float:
         return request.arrival + self.ttft_budget_s - self.prefill_reserve_s
 
     def next_deadline(self) -> float | None:
         """The earliest deadline in the queue: when a shell should call `expire` next."""
-        return min((w.deadline for w in self._queue), default=None)
+        return min(map(_DEADLINE, self._queue), default=None)
 
     # --- changes ------------------------------------------------------------------------------
     def offer(self, request: FleetRequest, now: float) -> list[Decision]:
@@ -267,20 +307,35 @@ class AdmissionController:
         klass = self._klass(request)
         deadline = self.deadline(request)
         ahead = sum(1 for w in self._queue if w.klass <= klass)
+        over = self._over_key_limit(request)
+        if over is not None:
+            return [self._shed(request, "key_limit", over, now), *earlier]
+        decisions = self._offer(request, klass, deadline, ahead, now)
+        if not decisions[0].shed:
+            self._count_key(request, +1)
+        return [*decisions, *earlier]
+
+    def _offer(self, request: FleetRequest, klass: int, deadline: float, ahead: int,
+               now: float) -> list[Decision]:
+        """`offer` once the key limit let the request in: its decision (and a displaced
+        request's shed)."""
+        if not self._caps:
+            return [self._shed(request, "no_replica", ahead, now)]
         if now > deadline:
-            return [self._shed(request, "deadline", ahead, now), *earlier]
+            return [self._shed(request, "deadline", ahead, now)]
         target = self._route(request, self, now)
         if target is not None and self.can_admit(target):
-            return [self.admit(request, target, now), *earlier]
+            return [self.admit(request, target, now)]
         if len(self._queue) < self.max_queue_depth:
-            return [self._enqueue(request, klass, deadline, target, now), *earlier]
+            return [self._enqueue(request, klass, deadline, target, now)]
         if klass == RETURNING and self._queue and self._queue[-1].klass == NEW:
             displaced = self._queue.pop()
             del self._waiting[displaced.request.request_id]
             decision = self._enqueue(request, klass, deadline, target, now)
             shed = self._shed(displaced.request, "displaced", len(self._queue), now)
-            return [decision, shed, *earlier]
-        return [self._shed(request, "queue_full", ahead, now), *earlier]
+            self._count_key(displaced.request, -1)
+            return [decision, shed]
+        return [self._shed(request, "queue_full", ahead, now)]
 
     def admit(self, request: FleetRequest, replica: str, now: float) -> Decision:
         """Admit `request` to `replica` (which must have room): what `offer` does when it can."""
@@ -290,18 +345,40 @@ class AdmissionController:
         self.num_admitted += 1
         return Decision(request, "admitted", now, replica=replica)
 
-    def release(self, replica: str, now: float) -> list[Decision]:
-        """A request at `replica` finished (or failed): its slot frees, the drain rate counts
-        it, and whoever can go now is admitted, in queue order, expired ones shed."""
+    def release(self, replica: str, now: float, key: str | None = None) -> list[Decision]:
+        """A request at `replica` (under API key `key`, if any) finished (or failed): its slot
+        frees, the drain rate counts it, and whoever can go now is admitted, in queue order,
+        expired ones shed."""
         count = self._in_flight.get(replica, 0)
         if count == 0:
             raise ValueError(f"replica {replica!r} has nothing in flight to release")
+        if key is not None and self._key_count.get(key, 0) == 0:
+            raise ValueError(f"key {key!r} has nothing queued or in flight to release")
         self._in_flight[replica] = count - 1
+        if key is not None:
+            self._key_count[key] -= 1
         self.num_released += 1
         self._drain.setdefault(replica, DrainRate(self.drain_window_s)).observe(now)
         self._fleet_drain.observe(now)
         self._forget_if_gone(replica)
         return self._dispatch(now)
+
+    def requeue(self, request: FleetRequest, failed: str, now: float) -> list[Decision]:
+        """`request`, admitted to `failed`, failed there before its first byte: free its slot
+        (not counted as drained) and place it again, never at `failed` (the module docstring
+        states the rule). The first decision is about `request` (and a request it displaced);
+        any others are what the queue did first (expired requests shed, a waiting one admitted
+        to the freed slot)."""
+        count = self._in_flight.get(failed, 0)
+        if count == 0:
+            raise ValueError(f"replica {failed!r} has nothing in flight to requeue")
+        if request.request_id in self._waiting:
+            raise ValueError(f"request {request.request_id!r} is already queued")
+        self._in_flight[failed] = count - 1
+        self._forget_if_gone(failed)
+        self.num_requeued += 1
+        earlier = self._dispatch(now)  # the freed slot first: it is not for `request`
+        return [*self._place_again(request, failed, now), *earlier]
 
     def expire(self, now: float) -> list[Decision]:
         """Shed every queued request past its deadline (and admit any that can go)."""
@@ -314,6 +391,7 @@ class AdmissionController:
             return False
         self._queue.remove(waiting)
         self.num_cancelled += 1
+        self._count_key(waiting.request, -1)
         return True
 
     def set_cap(self, replica: str, cap: int, now: float) -> list[Decision]:
@@ -324,6 +402,14 @@ class AdmissionController:
         _check_cap(replica, cap)
         self._caps[replica] = cap
         return self._dispatch(now)
+
+    def set_key_limits(self, limits: Mapping[str, int]) -> None:
+        """Hot reload of the per-key limits (key name -> requests queued or in flight). A
+        lower limit cancels nothing: the key's new requests are shed until it is under it."""
+        for key, limit in limits.items():
+            if limit < 1:
+                raise ValueError(f"the limit of key {key!r} must be at least 1")
+        self._key_limits = dict(limits)
 
     def add_replica(self, replica: str, cap: int, now: float) -> list[Decision]:
         if replica in self._caps:
@@ -345,15 +431,63 @@ class AdmissionController:
     def _klass(self, request: FleetRequest) -> int:
         return RETURNING if self.prioritize_returning and request.returning else NEW
 
-    def _key_of(self, request: FleetRequest) -> tuple[int, float]:
+    def _key_of(self, request: FleetRequest) -> tuple[int, int, float]:
         waiting = self._waiting.get(request.request_id)
         if waiting is not None:
             return waiting.key
-        return (self._klass(request), math.inf)
+        return (self._klass(request), 1, math.inf)
+
+    def _over_key_limit(self, request: FleetRequest) -> int | None:
+        """How many requests its key holds over its limit (0: exactly at it), or None when the
+        request may come in."""
+        key = request.key
+        if key is None or key not in self._key_limits:
+            return None
+        over = self._key_count.get(key, 0) - self._key_limits[key]
+        return over if over >= 0 else None
+
+    def _count_key(self, request: FleetRequest, delta: int) -> None:
+        key = request.key
+        if key is None:
+            return
+        count = self._key_count.get(key, 0) + delta
+        if count:
+            self._key_count[key] = count
+        else:
+            self._key_count.pop(key, None)
+
+    def _roomiest(self, avoid: str) -> str | None:
+        """The replica other than `avoid` with room, lowest in-flight / cap first (then
+        name): where a requeued request goes."""
+        room = [r for r in self._caps if r != avoid and self.can_admit(r)]
+        return min(room, key=lambda r: (self.in_flight(r) / max(1, self._caps[r]), r),
+                   default=None)
+
+    def _place_again(self, request: FleetRequest, failed: str, now: float) -> list[Decision]:
+        klass = self._klass(request)
+        key = (klass, 0, math.inf)  # behind the requeued of its class, ahead of the rest
+        ahead = sum(1 for w in self._queue if w.key < key)
+        if not any(r != failed for r in self._caps):
+            return [self._leave(self._shed(request, "no_replica", ahead, now))]
+        deadline = self.deadline(request)
+        if now > deadline:  # as in `offer`: never admitted past its deadline
+            return [self._leave(self._shed(request, "deadline", ahead, now))]
+        target = self._roomiest(failed)
+        if target is not None:
+            return [self.admit(request, target, now)]
+        if len(self._queue) < self.max_queue_depth:
+            return [self._enqueue(request, klass, deadline, None, now, avoid=failed)]
+        if not self._queue or self._queue[-1].key < key:
+            return [self._leave(self._shed(request, "queue_full", ahead, now))]
+        displaced = self._queue.pop()  # the last in line ranks below it
+        del self._waiting[displaced.request.request_id]
+        decision = self._enqueue(request, klass, deadline, None, now, avoid=failed)
+        return [decision, self._leave(self._shed(displaced.request, "displaced",
+                                                 len(self._queue), now))]
 
     def _enqueue(self, request: FleetRequest, klass: int, deadline: float, target: str | None,
-                 now: float) -> Decision:
-        waiting = _Waiting(request, klass, self._seq, deadline, target)
+                 now: float, avoid: str | None = None) -> Decision:
+        waiting = _Waiting(request, klass, self._seq, deadline, target, avoid)
         self._seq += 1
         bisect.insort(self._queue, waiting, key=lambda w: w.key)
         self._waiting[request.request_id] = waiting
@@ -367,25 +501,42 @@ class AdmissionController:
         return Decision(request, "shed", now, reason=reason, retry_after_s=seconds,
                         retry_after_ms=ms)
 
-    def _shed_expired(self, now: float) -> list[Decision]:
+    def _leave(self, shed: Decision) -> Decision:
+        """A request that counted against its key (queued, or requeued) was shed."""
+        self._count_key(shed.request, -1)
+        return shed
+
+    def _shed_hopeless(self, now: float) -> list[Decision]:
+        """Shed every queued request past its deadline, or left with no replica it may go to
+        (the fleet is empty, or holds only the replica a requeued request failed on)."""
+        if len(self._caps) > 1 and (not self._queue or now <= min(map(_DEADLINE, self._queue))):
+            return []  # nothing is late, and every request has a replica it may go to
         out: list[Decision] = []
         kept: list[_Waiting] = []
         for waiting in self._queue:
             if now > waiting.deadline:
-                del self._waiting[waiting.request.request_id]
-                out.append(self._shed(waiting.request, "deadline", len(kept), now))
+                reason: ShedReason = "deadline"
+            elif not any(r != waiting.avoid for r in self._caps):
+                reason = "no_replica"
             else:
                 kept.append(waiting)
+                continue
+            del self._waiting[waiting.request.request_id]
+            out.append(self._leave(self._shed(waiting.request, reason, len(kept), now)))
         self._queue = kept
         return out
 
     def _dispatch(self, now: float) -> list[Decision]:
-        """Shed the expired, then admit waiting requests in queue order while their route
-        names a replica with room. Each admission changes the fleet, so the scan restarts."""
-        out = self._shed_expired(now)
+        """Shed the hopeless, then admit waiting requests in queue order while their route
+        names a replica with room (a requeued request: any other replica with room). Each
+        admission changes the fleet, so the scan restarts."""
+        out = self._shed_hopeless(now)
         while self._queue and any(self.can_admit(r) for r in self._caps):
             for waiting in self._queue:
-                waiting.target = self._route(waiting.request, self, now)
+                if waiting.avoid is None:
+                    waiting.target = self._route(waiting.request, self, now)
+                else:
+                    waiting.target = self._roomiest(waiting.avoid)
                 if waiting.target is not None and self.can_admit(waiting.target):
                     self._queue.remove(waiting)
                     del self._waiting[waiting.request.request_id]
@@ -403,4 +554,4 @@ class AdmissionController:
 
 def _check_cap(replica: str, cap: int) -> None:
     if cap < 0:
-        raise ValueError(f"cap of {replica!r} must not be negative")
+        raise ChatfleetError(f"cap of {replica!r} must not be negative")

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import AdmissionController, Decision, FleetRequest
 from chatfleet.core.fleet.routing import RecomputeModel, Router, route_least_loaded
 from chatfleet.core.fleet.session import DEFAULT_SESSION_TTL_S, SessionTable
@@ -32,18 +33,20 @@ class FleetSettings:
     shared_prefix_tokens: int = 0
     session_ttl_s: float = DEFAULT_SESSION_TTL_S
     max_sessions: int | None = None
+    key_limits: Mapping[str, int] = field(default_factory=dict)  # API key -> queued + in flight
 
 
 @dataclass(slots=True)
 class FleetTrace:
-    """The calls made on a Fleet, in order: (now, name, args)."""
+    """The calls made on a Fleet, in order: (now, name, args, keyword args)."""
 
-    calls: list[tuple[float, str, tuple[Any, ...]]] = field(default_factory=list)
+    calls: list[tuple[float, str, tuple[Any, ...], dict[str, Any]]] = field(
+        default_factory=list)
     limit: int = 2_000_000
 
-    def add(self, now: float, name: str, *args: Any) -> None:
+    def add(self, now: float, name: str, *args: Any, **kwargs: Any) -> None:
         if len(self.calls) < self.limit:
-            self.calls.append((now, name, args))
+            self.calls.append((now, name, args, kwargs))
 
 
 class Fleet:
@@ -63,11 +66,12 @@ class Fleet:
         self.ac = AdmissionController(
             caps, settings.queue_depth, settings.ttft_budget_s, route=route,
             prefill_reserve_s=settings.prefill_reserve_s,
-            prioritize_returning=settings.prioritize_returning)
+            prioritize_returning=settings.prioritize_returning,
+            key_limits=settings.key_limits)
 
-    def _record(self, now: float, name: str, *args: Any) -> None:
+    def _record(self, now: float, name: str, *args: Any, **kwargs: Any) -> None:
         if self.trace is not None:
-            self.trace.add(now, name, *args)
+            self.trace.add(now, name, *args, **kwargs)
 
     def _note(self, decisions: list[Decision], now: float) -> list[Decision]:
         """Count how each admission was routed (its session's home before this admission,
@@ -96,9 +100,13 @@ class Fleet:
         self._record(now, "offer", request)
         return self._note(self.ac.offer(request, now), now)
 
-    def release(self, replica: str, now: float) -> list[Decision]:
-        self._record(now, "release", replica)
-        return self._note(self.ac.release(replica, now), now)
+    def release(self, replica: str, now: float, key: str | None = None) -> list[Decision]:
+        """A request at `replica` (under API key `key`) finished or failed."""
+        if key is None:
+            self._record(now, "release", replica)
+        else:
+            self._record(now, "release", replica, key=key)
+        return self._note(self.ac.release(replica, now, key), now)
 
     def expire(self, now: float) -> list[Decision]:
         self._record(now, "expire")
@@ -108,17 +116,13 @@ class Fleet:
         self._record(now, "cancel", request_id)
         return self.ac.cancel(request_id)
 
-    def admit_elsewhere(self, request: FleetRequest, avoid: str,
-                        now: float) -> Decision | None:
-        """The retry after a failure before the first byte: a slot on another replica with
-        room (lowest in-flight / cap, then name), or None."""
-        self._record(now, "admit_elsewhere", request, avoid)
-        ac = self.ac
-        best = sorted((r for r in ac.replicas() if r != avoid and ac.can_admit(r)),
-                      key=lambda r: (ac.in_flight(r) / max(1, ac.cap(r)), r))
-        if not best:
-            return None
-        return self._note([ac.admit(request, best[0], now)], now)[0]
+    def requeue(self, request: FleetRequest, failed: str, now: float) -> list[Decision]:
+        """`request` failed at `failed` before its first byte (refused, reset, a 5xx or 429
+        head): its slot frees and it is placed again, never at `failed`: admitted to the
+        least loaded other replica with room, else queued with its original deadline, else
+        shed (admission.py states the rule). The first decision is about `request`."""
+        self._record(now, "requeue", request, failed)
+        return self._note(self.ac.requeue(request, failed, now), now)
 
     def adopt_session(self, key: str, replica: str, now: float) -> None:
         """Another gateway placed this session on `replica` (the shared session map): make
@@ -146,10 +150,15 @@ class Fleet:
         self._record(now, "set_cap", replica, cap)
         return self._note(self.ac.set_cap(replica, cap, now), now)
 
+    def set_key_limits(self, limits: Mapping[str, int], now: float) -> None:
+        """Per-key limits (API key name -> requests queued or in flight), hot reloaded."""
+        self._record(now, "set_key_limits", dict(limits))
+        self.ac.set_key_limits(limits)
+
     def set_queue_depth(self, depth: int, now: float) -> list[Decision]:
         self._record(now, "set_queue_depth", depth)
         if depth < 0:
-            raise ValueError("queue_depth must not be negative")
+            raise ChatfleetError("queue_depth must not be negative")
         self.ac.max_queue_depth = depth
         return self._note(self.ac.expire(now), now)
 
@@ -159,8 +168,8 @@ def replay(trace: FleetTrace, caps: Mapping[str, int], settings: FleetSettings,
     """Every decision a fresh Fleet makes when the traced calls are made again, in order."""
     fleet = Fleet(caps, settings, step_time)
     out: list[Decision] = []
-    for now, name, args in trace.calls:
-        result = getattr(fleet, name)(*args, now)
+    for now, name, args, kwargs in trace.calls:
+        result = getattr(fleet, name)(*args, now, **kwargs)
         if isinstance(result, list):
             out.extend(result)
         elif isinstance(result, Decision):

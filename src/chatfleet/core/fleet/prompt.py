@@ -44,6 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from chatfleet.core.errors import ChatfleetError
+
 Mode = Literal["own", "pass-through"]
 MODES: tuple[str, ...] = get_args(Mode)
 CONFIG_KEYS = ("mode", "system", "tools", "completion_prefix")
@@ -63,43 +65,43 @@ class SharedPrompt:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"shared prompt: mode must be one of {', '.join(MODES)}, "
-                             f"not {self.mode!r}")
+            raise ChatfleetError(f"shared prompt: mode must be one of {', '.join(MODES)}, "
+                                 f"not {self.mode!r}")
         if self.system is not None and not isinstance(self.system, str):
-            raise ValueError("shared prompt: system must be a string, not "
-                             f"{type(self.system).__name__}")
+            raise ChatfleetError("shared prompt: system must be a string, not "
+                                 f"{type(self.system).__name__}")
         if self.completion_prefix is not None and not isinstance(self.completion_prefix, str):
-            raise ValueError("shared prompt: completion_prefix must be a string, not "
-                             f"{type(self.completion_prefix).__name__}")
+            raise ChatfleetError("shared prompt: completion_prefix must be a string, not "
+                                 f"{type(self.completion_prefix).__name__}")
         if not isinstance(self.tools, tuple):
-            raise ValueError("shared prompt: tools must be a tuple of tool dicts")
+            raise ChatfleetError("shared prompt: tools must be a tuple of tool dicts")
         seen: set[str] = set()
         for i, tool in enumerate(self.tools):
             name = _configured_tool_name(i, tool)
             if name in seen:
-                raise ValueError(f"shared prompt: tools[{i}]: duplicate tool name {name!r}")
+                raise ChatfleetError(f"shared prompt: tools[{i}]: duplicate tool name {name!r}")
             seen.add(name)
         if self.mode == "own" and self.system is None and not self.tools \
                 and self.completion_prefix is None:
-            raise ValueError("shared prompt: mode 'own' needs system, tools or "
-                             "completion_prefix")
+            raise ChatfleetError("shared prompt: mode 'own' needs system, tools or "
+                                 "completion_prefix")
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> SharedPrompt:
         """From a config mapping with the keys mode, system, tools, completion_prefix (all
         optional; null means absent). Raises ValueError saying what is wrong."""
         if not isinstance(raw, Mapping):
-            raise ValueError("shared prompt: config must be a mapping, not "
-                             f"{type(raw).__name__}")
+            raise ChatfleetError("shared prompt: config must be a mapping, not "
+                                 f"{type(raw).__name__}")
         unknown = sorted(str(k) for k in raw if k not in CONFIG_KEYS)
         if unknown:
-            raise ValueError(f"shared prompt: unknown key(s) {', '.join(unknown)} "
-                             f"(known: {', '.join(CONFIG_KEYS)})")
+            raise ChatfleetError(f"shared prompt: unknown key(s) {', '.join(unknown)} "
+                                 f"(known: {', '.join(CONFIG_KEYS)})")
         mode = raw.get("mode")
         tools = raw.get("tools")
         if tools is not None and not isinstance(tools, list):
-            raise ValueError("shared prompt: tools must be a list, not "
-                             f"{type(tools).__name__}")
+            raise ChatfleetError("shared prompt: tools must be a list, not "
+                                 f"{type(tools).__name__}")
         return cls(mode="pass-through" if mode is None else mode, system=raw.get("system"),
                    tools=tuple(tools or ()), completion_prefix=raw.get("completion_prefix"))
 
@@ -123,15 +125,15 @@ class SharedPrompt:
 def _configured_tool_name(i: int, tool: object) -> str:
     where = f"shared prompt: tools[{i}]"
     if not isinstance(tool, dict):
-        raise ValueError(f"{where} must be a dict, not {type(tool).__name__}")
+        raise ChatfleetError(f"{where} must be a dict, not {type(tool).__name__}")
     if tool.get("type") != "function":
-        raise ValueError(f"{where}: type must be 'function', not {tool.get('type')!r}")
+        raise ChatfleetError(f"{where}: type must be 'function', not {tool.get('type')!r}")
     function = tool.get("function")
     if not isinstance(function, dict):
-        raise ValueError(f"{where}: function must be a dict with a name")
+        raise ChatfleetError(f"{where}: function must be a dict with a name")
     name = function.get("name")
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{where}: function.name must be a non-empty string, not {name!r}")
+        raise ChatfleetError(f"{where}: function.name must be a non-empty string, not {name!r}")
     return name
 
 

@@ -2,7 +2,10 @@
 
 - Session key: the `X-Session-ID` header, else the body's `user`, else a fingerprint of the
   conversation's first turn (system messages + first user message), namespaced so the three
-  sources never collide: "sid:...", "user:...", "fp:...".
+  sources never collide: "sid:...", "user:...", "fp:...". A client's value longer than
+  MAX_SESSION_VALUE_BYTES (UTF-8) is replaced by its hash, "sid#<32 hex>" / "user#<32 hex>":
+  the key stays the same for every turn, and no key is longer than 133 bytes whatever the
+  client sends (a 1 MB `user` field once cost 1 MB per session, in the gateway and in Redis).
 - A session's home is the replica that served its last turn (the session table), while that
   entry is live and the replica is in the fleet; otherwise the top of its rendezvous
   (highest-random-weight) order over the fleet.
@@ -31,10 +34,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import Decision, FleetRequest, FleetView
 from chatfleet.core.fleet.session import SessionTable
 
 SESSION_HEADER = "x-session-id"
+MAX_SESSION_VALUE_BYTES = 128
 SYSTEM_ROLES = ("system", "developer")
 
 Rule = Literal["no_replica", "least_loaded", "home", "wait", "spill", "all_full"]
@@ -45,12 +50,21 @@ def session_key(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | No
     """The request's session: header > user > first-turn fingerprint; None if none applies."""
     for name, value in headers.items():
         if name.lower() == SESSION_HEADER and value.strip():
-            return "sid:" + value.strip()
+            return bounded_key("sid", value.strip())
     user = body.get("user")
     if isinstance(user, str) and user.strip():
-        return "user:" + user.strip()
+        return bounded_key("user", user.strip())
     fingerprint = conversation_fingerprint(body.get("messages"))
     return None if fingerprint is None else "fp:" + fingerprint
+
+
+def bounded_key(namespace: str, value: str) -> str:
+    """`namespace:value`, or `namespace#<hash>` when the value is longer than
+    MAX_SESSION_VALUE_BYTES in UTF-8 (the two forms never collide: ':' against '#')."""
+    raw = value.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_SESSION_VALUE_BYTES:
+        return f"{namespace}:{value}"
+    return f"{namespace}#{hashlib.sha256(raw).hexdigest()[:32]}"
 
 
 def conversation_fingerprint(messages: object) -> str | None:
@@ -129,16 +143,33 @@ class RouteChoice:
     recompute_s: float | None = None
 
 
+ORDER_MEMO_ENTRIES = 4096
+
+
 class Router:
     """Session affinity with a load bound and a recompute-aware spill (module docstring)."""
 
     def __init__(self, step_time: RecomputeModel, sessions: SessionTable | None = None, *,
                  shared_prefix_tokens: int = 0) -> None:
         if shared_prefix_tokens < 0:
-            raise ValueError("shared_prefix_tokens must not be negative")
+            raise ChatfleetError("shared_prefix_tokens must not be negative")
         self.step_time = step_time
         self.sessions = sessions if sessions is not None else SessionTable()
         self.shared_prefix_tokens = shared_prefix_tokens
+        # session key -> (the replicas, their rendezvous order): a queued request is routed
+        # again at every dispatch, and the order changes only with the fleet
+        self._orders: dict[str, tuple[list[str], list[str]]] = {}
+
+    def rendezvous_order(self, key: str, replicas: list[str]) -> list[str]:
+        """rendezvous_order(key, replicas), remembered for the last ORDER_MEMO_ENTRIES keys."""
+        seen = self._orders.get(key)
+        if seen is not None and seen[0] == replicas:
+            return seen[1]
+        order = rendezvous_order(key, replicas)
+        if len(self._orders) >= ORDER_MEMO_ENTRIES:
+            del self._orders[next(iter(self._orders))]  # the oldest
+        self._orders[key] = (list(replicas), order)
+        return order
 
     def route(self, request: FleetRequest, view: FleetView, now: float) -> str | None:
         """The Route for AdmissionController: a pure query, it changes nothing."""
@@ -154,7 +185,7 @@ class Router:
         home = self.home(key, replicas, now)
         if view.can_admit(home):
             return RouteChoice(home, "home", home)
-        spill = next((r for r in rendezvous_order(key, replicas)
+        spill = next((r for r in self.rendezvous_order(key, replicas)
                       if r != home and view.can_admit(r)), None)
         if spill is None:
             return RouteChoice(home, "all_full", home)
@@ -170,7 +201,7 @@ class Router:
         entry = self.sessions.get(key, now)
         if entry is not None and entry.replica in replicas:
             return entry.replica
-        return rendezvous_order(key, replicas)[0]
+        return self.rendezvous_order(key, replicas)[0]
 
     def prefix_tokens(self, request: FleetRequest, now: float) -> int:
         """Tokens of history the home replica holds: the last turn's prompt tokens, else its

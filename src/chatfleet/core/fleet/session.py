@@ -1,6 +1,13 @@
 """The session table: where each session last ran, what its last turn's usage said, when it was
 last seen. Pure and `now`-driven: an entry idle for more than `ttl_s` is gone.
 
+Bounded twice: in entries (`max_sessions`) and in bytes (`max_bytes`), whichever is reached
+first drops the stalest entries. An entry's bytes are its key's UTF-8 bytes plus
+`SESSION_ENTRY_OVERHEAD_BYTES` (the entry, its numbers and the table's slot: about 290 bytes
+beyond the key, measured with tracemalloc on CPython 3.11 for 100,000 entries). Session keys
+are short (routing.session_key hashes a client's long value), so the bytes bound is what holds
+when an attacker sends many distinct sessions.
+
 The table is what keeps a session where its cache is: after a spill, the session's prefix lives
 on the replica it spilled to, so that replica (not the rendezvous top) is its home from then on.
 """
@@ -10,7 +17,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from chatfleet.core.errors import ChatfleetError
+
 DEFAULT_SESSION_TTL_S = 600.0
+SESSION_ENTRY_OVERHEAD_BYTES = 300
+DEFAULT_MAX_SESSION_BYTES = 64 * 1024 * 1024  # about 190,000 sessions of the longest keys
+
+
+def entry_bytes(key: str) -> int:
+    """What one session entry is counted as (module docstring)."""
+    return len(key.encode("utf-8", "surrogatepass")) + SESSION_ENTRY_OVERHEAD_BYTES
 
 
 @dataclass(slots=True)
@@ -22,21 +38,28 @@ class SessionEntry:
 
 
 class SessionTable:
-    """Session key -> SessionEntry, with a TTL on idleness and an optional size bound.
+    """Session key -> SessionEntry, with a TTL on idleness, an optional count bound and a bound
+    in bytes (module docstring).
 
-    Entries are kept in last-seen order, so expiry and the size bound drop the stalest first.
+    Entries are kept in last-seen order, so expiry and the size bounds drop the stalest first.
     `now` must not go backwards between calls (both clocks that drive the core are monotonic).
     """
 
     def __init__(self, ttl_s: float = DEFAULT_SESSION_TTL_S,
-                 max_sessions: int | None = None) -> None:
+                 max_sessions: int | None = None,
+                 max_bytes: int | None = DEFAULT_MAX_SESSION_BYTES) -> None:
         if ttl_s <= 0:
-            raise ValueError("the session TTL must be positive")
+            raise ChatfleetError("the session TTL must be positive")
         if max_sessions is not None and max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
+            raise ChatfleetError("max_sessions must be at least 1")
+        if max_bytes is not None and max_bytes < SESSION_ENTRY_OVERHEAD_BYTES:
+            raise ChatfleetError(f"max_bytes must be at least {SESSION_ENTRY_OVERHEAD_BYTES} "
+                                 "(one entry)")
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
+        self.num_bytes = 0  # sum of entry_bytes over the entries
         self.num_expired = 0
         self.num_evicted = 0
 
@@ -90,15 +113,22 @@ class SessionTable:
             if self.is_live(entry, now):
                 break
             del self._entries[key]
+            self.num_bytes -= entry_bytes(key)
             dropped += 1
         self.num_expired += dropped
         return dropped
 
     def _touch(self, key: str, entry: SessionEntry, now: float) -> None:
+        if key not in self._entries:
+            self.num_bytes += entry_bytes(key)
         self._entries[key] = entry
         self._entries.move_to_end(key)
         self.expire(now)
-        if self.max_sessions is not None:
-            while len(self._entries) > self.max_sessions:
-                self._entries.popitem(last=False)
-                self.num_evicted += 1
+        while self._entries and self._over_bounds():
+            stalest, _ = self._entries.popitem(last=False)
+            self.num_bytes -= entry_bytes(stalest)
+            self.num_evicted += 1
+
+    def _over_bounds(self) -> bool:
+        return ((self.max_sessions is not None and len(self._entries) > self.max_sessions)
+                or (self.max_bytes is not None and self.num_bytes > self.max_bytes))

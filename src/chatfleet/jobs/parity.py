@@ -15,19 +15,29 @@ import orjson
 
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
-from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.defaults import TWIN_DRAIN_S
+from chatfleet.core.documents.sweep import ClosedLoad, EngineBlock, Load, SweepPoint
+from chatfleet.core.engine.build import EngineSpec, step_time_model
+from chatfleet.core.fleet.fleet import FleetTrace, replay
+from chatfleet.core.measure.percentiles import percentiles
+from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import ClosedLoop, Workload, WorkloadConfig, driver_for
+from chatfleet.gateway.app import Gateway
+from chatfleet.gateway.config import GatewayConfig, Overrides, Routing
+from chatfleet.gateway.fleet import DecisionLog, fleet_settings
+from chatfleet.gateway.server import serve_in_thread as gateway_in_thread
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
+from chatfleet.twin.fleet import run_fleet_point
 from chatfleet.twin.run import run_point
 
 
 @dataclass(slots=True)
 class ParityResult:
-    twin: dict[str, Any]
-    live: dict[str, Any]
-    live_engine: dict[str, Any]
+    twin: SweepPoint
+    live: SweepPoint
+    live_engine: EngineBlock
     emission_lag_ms: dict[str, float]
     drive: DriveResult
     model_time_lost_s: float = 0.0  # lost by the simserver to its host, up to the window's end
@@ -40,32 +50,31 @@ class ParityResult:
         d wall seconds costs d x time_scale model seconds; 100 ms is a tenth of the TTFT
         target, 10 ms of wall time at time scale 10). The model time a held-up replica lost
         is not part of it: `run_parity` takes those stalls out of the live side's clock."""
-        lags = sorted(self.drive.loop_lag_ms)
-        loop_p99 = lags[int(len(lags) * 0.99)] if lags else 0.0
+        lags = self.drive.loop_lag_ms
+        loop_p99 = percentiles(lags, (99.0,))["p99"] if lags else 0.0
         emission_p99 = self.emission_lag_ms.get("p99", 0.0)
         return max(loop_p99, emission_p99) * self.time_scale <= max_lag_model_ms
 
 
-def engine_from_trace(path: Path, start: float, end: float) -> dict[str, Any]:
+def engine_from_trace(path: Path, start: float, end: float) -> EngineBlock:
     """The engine block (as the twin reports it) from a simserver trace's step rows."""
     rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
     steps = [r for r in rows if r["type"] == "step" and start <= r["t"] <= end]
     dec = [r for r in steps if r["kind"] == "decode"]
-    return {
-        "max_running": max((r["batch"] for r in dec), default=0),
-        "max_queue": max((r["queue"] for r in dec), default=0),
-        "peak_token_usage": max((r["token_usage"] for r in dec), default=0.0),
-    }
+    return EngineBlock(max_running=max((r["batch"] for r in dec), default=0),
+                       max_queue=max((r["queue"] for r in dec), default=0),
+                       peak_token_usage=max((r["token_usage"] for r in dec), default=0.0))
 
 
 def emission_lag(path: Path, scale: float) -> dict[str, float]:
+    """How late the simserver emitted its tokens against its plan, ms: p50, p99 (linear, as
+    every request figure: core.measure.percentiles), max and n."""
     rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
-    lags = sorted((r["actual"] - r["planned"]) * 1000 / scale for r in rows
-                  if r["type"] == "token")
+    lags = [(r["actual"] - r["planned"]) * 1000 / scale for r in rows if r["type"] == "token"]
     if not lags:
         return {"n": 0}
-    return {"p50": lags[len(lags) // 2], "p99": lags[int(len(lags) * 0.99)],
-            "max": lags[-1], "n": len(lags)}
+    q = percentiles(lags, (50.0, 99.0))
+    return {"p50": q["p50"], "p99": q["p99"], "max": max(lags), "n": len(lags)}
 
 
 def host_stalls(path: Path) -> list[tuple[float, float]]:
@@ -99,7 +108,7 @@ def records_without_stalls(records: list[RequestRecord],
 
 def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s: float,
                warmup_s: float, seed: int, time_scale: float, trace: Path) -> ParityResult:
-    load = {"mode": "closed", "concurrency": users}
+    load = ClosedLoad(users)
     twin = run_point(spec, wcfg, load, duration_s=duration_s, warmup_s=warmup_s, seed=seed)
     trace.unlink(missing_ok=True)
     end = warmup_s + duration_s
@@ -108,7 +117,7 @@ def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s
             async with make_session() as session:
                 driver = ClosedLoop(Workload(wcfg, random.Random(seed)), users)
                 return await drive(srv.urls, driver, completions_with_ids("qwen3-8b"),
-                                   window_end=end, drain_s=600.0, clock=Clock(time_scale),
+                                   window_end=end, drain_s=TWIN_DRAIN_S, clock=Clock(time_scale),
                                    session=session)
 
         res = asyncio.run(main())
@@ -117,7 +126,7 @@ def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s
     stalls = [s for s in host_stalls(trace) if s[0] < end]
     window = (without_stalls(warmup_s, stalls), without_stalls(end, stalls))
     live = summarize_point(records_without_stalls(res.records, stalls), load=load,
-                           window=window, slo=SLO(), mode="closed", seed=seed, flushed=True,
+                           window=window, slo=SLO(), seed=seed, flushed=True,
                            time_scale=time_scale)
     return ParityResult(twin.point, live, engine_from_trace(trace, warmup_s, end),
                         emission_lag(trace, time_scale), res,
@@ -137,8 +146,8 @@ class FleetParity:
 
     twin: Outcomes
     live: Outcomes
-    twin_point: dict[str, Any]
-    live_point: dict[str, Any]
+    twin_point: SweepPoint | None  # None when the twin was not run
+    live_point: SweepPoint
     max_in_flight: dict[str, int]
     drive: DriveResult
     twin_records: list[Any]
@@ -235,7 +244,7 @@ def max_in_flight_from_trace(path: Path) -> dict[str, int]:
     return out
 
 
-def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any],
+def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
                      fleet: Any, *, duration_s: float, warmup_s: float, seed: int,
                      trace: Path, run_twin: bool = True,
                      arrival_times: list[float] | None = None) -> FleetParity:
@@ -243,18 +252,10 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any
     front of simserver replicas (time scale 1: the gateway's clock is the wall clock). A shed
     closed-loop user waits its Retry-After and tries again; a shed open-loop session ends.
     `fleet` is a twin.fleet.FleetConfig."""
-    from chatfleet.core.engine.build import step_time_model
-    from chatfleet.core.fleet.fleet import FleetTrace, replay
-    from chatfleet.gateway.app import Gateway
-    from chatfleet.gateway.config import GatewayConfig, Overrides, Routing
-    from chatfleet.gateway.fleet import DecisionLog, fleet_settings
-    from chatfleet.gateway.server import serve_in_thread as gateway_in_thread
-    from chatfleet.twin.fleet import run_fleet_point
-
     names = [f"replica-{i}" for i in range(fleet.replicas)]
     end = warmup_s + duration_s
     twin: Outcomes = {}
-    twin_point: dict[str, Any] = {}
+    twin_point: SweepPoint | None = None
     twin_records: list[Any] = []
     if run_twin:
         run = run_fleet_point(spec, wcfg, load, fleet, duration_s=duration_s,
@@ -287,9 +288,9 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any
 
             res = asyncio.run(main())
     decided: dict[str, tuple[str, str | None]] = {}
-    for _, rid, outcome, replica, _ in log.rows:
-        if outcome != "queued":
-            decided[rid] = (outcome, replica)
+    for row in log.rows:
+        if row.outcome != "queued":
+            decided[row.request_id] = (row.outcome, row.replica)
     live: Outcomes = {}
     for rec in res.records:
         outcome, replica = decided.get(rec.request_id, (rec.outcome, None))
@@ -297,12 +298,12 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: dict[str, Any
             outcome = rec.outcome  # ok, error, timeout, ...
         live[_key(rec.session_id, rec.turn, rec.request_id)] = (outcome, replica)
     live_point = summarize_point(res.records, load=load, window=(warmup_s, end), slo=SLO(),
-                                 mode=load["mode"], seed=seed, flushed=True)
+                                 seed=seed, flushed=True)
     replayed = [(d.request.request_id, d.outcome, d.replica)
                 for d in replay(calls, {}, fleet_settings(cfg), step_time_model(spec))]
-    logged = [(rid, outcome, replica) for _, rid, outcome, replica, _ in log.rows]
+    logged = [(row.request_id, row.outcome, row.replica) for row in log.rows]
     same = sum(1 for a, b in zip(replayed, logged, strict=False) if a == b)
     replay_agreement = same / max(len(replayed), len(logged), 1)
-    offer_order = [args[0].request_id for _, name, args in calls.calls if name == "offer"]
+    offer_order = [args[0].request_id for _, name, args, _ in calls.calls if name == "offer"]
     return FleetParity(twin, live, twin_point, live_point, max_in_flight_from_trace(trace), res,
                        twin_records, replay_agreement, offer_order)

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# chatfleet against a real vLLM 0.26.0 on the H200 machine (issue 13; the power phases of issue
+# 12). Run from the repository root on the device machine, after the three ferry steps
+# (docs/device/vllm.md), one or more steps a run:
+#   bash benchmarks/device/vllm_h200.sh up power l4pool     # run 3 (with .ferry3 carried)
+#   bash benchmarks/device/vllm_h200.sh full gateway        # run 4, the machine still warm
+# Steps:
+#   up       build the random-weight Qwen3-8B (bf16) and start three vLLM processes (setsid: they
+#            outlive the run while the machine stays warm): A :8001 with an L4-sized KV pool
+#            (3,552,804,864 bytes: 24,080 tokens), B :8002 and C :8003 with 20 GiB each
+#   power    NVML power by phase on B: a prefill-bound load (4,000-token prompts, 2 tokens out)
+#            and a decode-bound one (64-token prompts, 1,024 out), and the idle card
+#   l4pool   the pool-bound regime on A: fixed 512/128, no shared prompt, 1-64 users
+#   full     B: the 2,048-token shared prompt, uniform lengths, 1-128 users and a rate grid
+#   gateway  chatfleet gateway over B and C (cap 16 each), 4-turn sessions, affinity on and off,
+#            the replicas' own gauges sampled
+# Every step packs its results into $OUT/<step>.tgz as soon as it ends (a run cut off at its
+# limit keeps the finished steps). These are H200 figures of vLLM with Triton attention in eager
+# mode, never L4 figures.
+# SIM=1 runs the same steps here, without a GPU, against simservers (a dry run of the script:
+# no model, no NVML, the power step skipped).
+set -uo pipefail
+SIM=${SIM:-0}
+ENGINE=vllm; TELEMETRY=nvml; FLUSH_PATH=/reset_prefix_cache
+CLIENT_CPUS=12-15; ENGINE_CPUS=0-11
+[ "$SIM" = 1 ] && { ENGINE=simserver; TELEMETRY=simserver; FLUSH_PATH=/flush_cache
+                    CLIENT_CPUS=0-1; ENGINE_CPUS=0-1; }
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+  VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_SERVER_DEV_MODE=1
+MODEL=/tmp/qwen3-8b-random
+WORK=/tmp/cf
+mkdir -p "$WORK" ~/.cache/huggingface/hub
+cf() { taskset -c $CLIENT_CPUS python3 -c 'from chatfleet.cli import main; main()' "$@"; }
+health() { python3 -c "import urllib.request; urllib.request.urlopen('$1/health', timeout=2)" 2>/dev/null; }
+wait_up() {
+  for i in $(seq 1 240); do
+    local all=1
+    for u in "$@"; do health "$u" || all=0; done
+    [ $all = 1 ] && { echo "up after ${i}s: $*"; return 0; }
+    sleep 1
+  done
+  echo "not up: $*"; tail -30 $WORK/vllm-*.log; return 1
+}
+pack() { tar -czf "$OUT/$1.tgz" -C "$WORK" "$1" && echo "packed $1: $(du -h "$OUT/$1.tgz" | cut -f1)"; }
+COMMON=(--model qwen3-8b --gpu h200 --weights bf16 --kv-cache bf16 --telemetry $TELEMETRY
+        --clock-floor 1000 --duration ${DUR:-20} --warmup ${WARM:-5} --drain 60)
+
+vllm_start() {  # name port kv_bytes
+  if [ "$SIM" = 1 ]; then
+    setsid python3 -c 'from chatfleet.cli import main; main()' simserver --port "$2" \
+      --weights bf16 --kv-cache bf16 --pool-tokens $(( $3 / 147456 )) --time-scale 4 \
+      > "$WORK/vllm-$1.log" 2>&1 < /dev/null &
+    return
+  fi
+  setsid taskset -c $ENGINE_CPUS python3 -m vllm.entrypoints.openai.api_server --model $MODEL \
+    --served-model-name qwen3-8b --host 127.0.0.1 --port "$2" --enforce-eager \
+    --attention-backend TRITON_ATTN --max-model-len 8192 --enable-prefix-caching \
+    --enable-prompt-tokens-details --gpu-memory-utilization 0.3 --kv-cache-memory "$3" \
+    > "$WORK/vllm-$1.log" 2>&1 < /dev/null &
+}
+
+step_up() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv | tee "$WORK/gpu.txt"
+  [ "$SIM" = 1 ] || [ -f "$MODEL/config.json" ] || python3 benchmarks/device/make_random_qwen3.py "$MODEL"
+  vllm_start A 8001 3552804864
+  vllm_start B 8002 21474836480
+  vllm_start C 8003 21474836480
+  wait_up http://127.0.0.1:8001 http://127.0.0.1:8002 http://127.0.0.1:8003 || return 1
+  grep -h "GPU KV cache size" $WORK/vllm-*.log
+  # compile the Triton kernels before anything is measured (short and long prompts, batches)
+  for port in 8001 8002 8003; do
+    cf sweep --target http://127.0.0.1:$port --engine $ENGINE "${COMMON[@]}" --concurrency 8 \
+      --lengths uniform --input-len 1024 --output-len 64 --range-ratio 0.9 --range-convention vllm \
+      --duration 6 --warmup 0 --drain 30 --no-flush --out $WORK/warm-$port >/dev/null 2>&1
+  done
+  echo "warmed"
+}
+
+step_power() {
+  [ "$SIM" = 1 ] && { echo "power: skipped (SIM)"; return 0; }
+  mkdir -p $WORK/power
+  python3 - > $WORK/power/idle.json <<'EOF'
+import json, time, statistics, pynvml as nv
+nv.nvmlInit(); h = nv.nvmlDeviceGetHandleByIndex(0); p = []; c = []
+for _ in range(50):
+    p.append(nv.nvmlDeviceGetPowerUsage(h) / 1000); c.append(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)); time.sleep(0.1)
+print(json.dumps({"power_w_p50": statistics.median(p), "sm_mhz_p50": statistics.median(c),
+                  "power_limit_w": nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000}))
+EOF
+  cat $WORK/power/idle.json
+  cf sweep --target http://127.0.0.1:8002 --engine $ENGINE "${COMMON[@]}" --engine-log $WORK/vllm-B.log \
+    --concurrency 48 --lengths fixed --input-len 4000 --output-len 2 --system-prompt-tokens 0 \
+    --duration 25 --warmup 5 --drain 20 --out $WORK/power/prefill | tail -4
+  cf sweep --target http://127.0.0.1:8002 --engine $ENGINE "${COMMON[@]}" --engine-log $WORK/vllm-B.log \
+    --concurrency 128 --lengths fixed --input-len 64 --output-len 1024 --system-prompt-tokens 0 \
+    --duration 25 --warmup 8 --drain 1 --out $WORK/power/decode | tail -4
+  pack power
+}
+
+step_l4pool() {
+  cf sweep --target http://127.0.0.1:8001 --engine $ENGINE "${COMMON[@]}" --engine-log $WORK/vllm-A.log \
+    --concurrency 1,2,4,8,16,32,64 --lengths fixed --input-len 512 --output-len 128 \
+    --system-prompt-tokens 0 --out $WORK/l4pool | tail -14
+  cp $WORK/vllm-A.log $WORK/l4pool/engine.log
+  pack l4pool
+}
+
+step_full() {
+  cf sweep --target http://127.0.0.1:8002 --engine $ENGINE "${COMMON[@]}" --engine-log $WORK/vllm-B.log \
+    --concurrency 1,2,4,8,16,32,64,128 --rate 2,4,8,12 --lengths uniform --input-len 512 \
+    --output-len 128 --range-ratio 0.5 --range-convention vllm --system-prompt-tokens 2048 \
+    --out $WORK/full | tail -16
+  cp $WORK/vllm-B.log $WORK/full/engine.log
+  pack full
+}
+
+step_gateway() {
+  mkdir -p $WORK/gateway
+  printf 'routing:\n  affinity: false\n' > $WORK/gateway/no-affinity.yaml
+  for mode in affinity no-affinity; do
+    for port in 8002 8003; do
+      curl -s -X POST http://127.0.0.1:$port$FLUSH_PATH -o /dev/null -w "flush $port: %{http_code}\n"
+    done
+    cfg=(); [ $mode = no-affinity ] && cfg=(--config $WORK/gateway/no-affinity.yaml)
+    setsid taskset -c $CLIENT_CPUS python3 -c 'from chatfleet.cli import main; main()' gateway \
+      --replica http://127.0.0.1:8002 --replica http://127.0.0.1:8003 --cap 16 --queue-depth 64 \
+      --port 8080 "${cfg[@]}" > $WORK/gateway/gateway-$mode.log 2>&1 < /dev/null &
+    local gw=$!
+    wait_up http://127.0.0.1:8080 || { kill $gw; continue; }
+    python3 benchmarks/device/replica_sampler.py --engine $ENGINE --url http://127.0.0.1:8002 \
+      --url http://127.0.0.1:8003 --seconds 300 --out $WORK/gateway/samples-$mode.jsonl \
+      --summary $WORK/gateway/replicas-$mode.json > /dev/null &
+    local smp=$!
+    cf sweep --target http://127.0.0.1:8080 --engine $ENGINE "${COMMON[@]}" --no-flush \
+      --concurrency 48 --turns 4 --lengths uniform --input-len 256 --output-len 128 \
+      --range-ratio 0.5 --range-convention vllm --system-prompt-tokens 2048 --duration 30 \
+      --warmup 5 --out $WORK/gateway/sweep-$mode | tail -5
+    kill -INT $smp; wait $smp
+    curl -s http://127.0.0.1:8080/metrics > $WORK/gateway/gateway-metrics-$mode.txt
+    kill -INT -$gw 2>/dev/null; sleep 2; kill -9 -$gw 2>/dev/null
+    echo "$mode: $(cat $WORK/gateway/replicas-$mode.json | tr -d '\n ')"
+  done
+  pack gateway
+}
+
+for step in "$@"; do
+  echo "== $step $(date +%T)"
+  "step_$step" || echo "step $step failed"
+done
+cp $WORK/vllm-*.log "$OUT/" 2>/dev/null || true
+echo "== done $(date +%T)"

@@ -1,0 +1,224 @@
+"""What the commands share to print: the sweep table and its knee lines, the plan's answer,
+its gateway config as YAML and the KV pool table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from rich.table import Table
+
+from chatfleet.cli.common import out, uncalibrated_note
+from chatfleet.core.documents.plan import Doubling, Plan
+from chatfleet.core.documents.sweep import ClosedLoad, Load, SweepDoc, SweepPoint
+from chatfleet.core.memory import PoolPlan
+
+
+def load_label(load: Load) -> str:
+    """"16 users", "2.0 rps"."""
+    if isinstance(load, ClosedLoad):
+        return f"{load.concurrency} users"
+    return f"{load.rate_rps} rps"
+
+
+def point_row(p: SweepPoint) -> list[str]:
+    label = load_label(p.load)
+    thin = "*" if p.thin else ""
+    if not p.valid:
+        label += " (invalid)"
+    e = p.engine
+    return [
+        label,
+        f"{p.attainment:.3f}{thin}",
+        fmt(p.goodput_rps, ".2f"),
+        fmt(p.output_tok_s, ".0f"),
+        fmt(p.ttft_ms.p50, ".0f"),
+        fmt(p.ttft_ms.p99, ".0f"),
+        fmt(p.tpot_ms.p50, ".0f"),
+        fmt(p.tpot_ms.p99, ".0f"),
+        fmt(p.itl_ms.p99, ".0f"),
+        fmt(e.max_running, "d"),
+        fmt(e.max_queue, "d"),
+        fmt(e.peak_token_usage, ".2f"),
+    ]
+
+
+def fmt(value: Any, spec: str) -> str:
+    """A figure, or a dash where the source had none (an engine without metrics)."""
+    if value is None:
+        return "-"
+    if spec == "d":
+        return str(int(value))
+    return format(value, spec)
+
+
+def sweep_table(doc: SweepDoc, title: str) -> Table:
+    t = Table(title=title,
+              caption="times in ms; * thin: fewer than 200 requests behind the percentiles")
+    gated = any(p.fleet is not None or p.requests.shed for p in doc.points)
+    cols = ["load", "attain", "goodput/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+            "TPOT p99", "ITL p99", "running", "queue", "usage"]
+    if gated:  # a gateway in front: what it shed, and what the admitted users saw
+        cols[2:2] = ["admitted attain", "shed"]
+    for col in cols:
+        t.add_column(col, justify="right")
+    for p in doc.points:
+        row = point_row(p)
+        if gated:
+            row[2:2] = [fmt(p.admitted_attainment, ".3f"), str(p.requests.shed)]
+        t.add_row(*row)
+    return t
+
+
+def knee_lines(doc: SweepDoc) -> list[str]:
+    k, kr, peak = doc.knee, doc.knee_rate, doc.throughput_peak
+    lines = []
+    if doc.has_mode("closed"):
+        lines.append(f"closed-loop knee: meets {k.meets} users, fails {k.fails} users; "
+                     f"recommended gateway cap: {doc.recommended_cap}")
+        if peak.load is not None:
+            lines.append(f"throughput peak: {peak.output_tok_s:.0f} output tok/s at "
+                         f"{peak.load} users (never the limit)")
+    if doc.has_mode("open"):
+        lines.append(f"open-loop knee: meets {kr.meets} rps, fails {kr.fails} rps")
+    return lines
+
+
+def gateway_yaml(doc: Plan) -> str:
+    assert doc.recommendation is not None and doc.gateway_config is not None
+    head = (f"# chatfleet gateway config from `chatfleet plan` ({doc.pool.gpu}, "
+            f"{doc.pool.model}, {doc.recommendation.precision}): docs/gateway.md\n")
+    return head + str(yaml.safe_dump(dict(doc.gateway_config), sort_keys=False))
+
+
+def print_answer(doc: Plan) -> None:
+    rec = doc.recommendation
+    calibrated = doc.pool.calibrated
+    cal = "" if calibrated else " (uncalibrated)"
+    t = Table(title=f"users per card at the knee: {doc.pool.model} on {doc.pool.gpu}{cal}, "
+              f"{doc.target_users} users, SLO TTFT <= {doc.slo.ttft_ms:.0f} ms, "
+              f"TPOT <= {doc.slo.tpot_ms:.0f} ms for {doc.slo.attainment:.0%}")
+    for col in ("precision", "KV pool", "users/card", "gateway cap", "goodput/s", "rate/replica",
+                "replicas", "cards", "accuracy", "from"):
+        t.add_column(col, justify="right")
+    for name, p in doc.by_precision.items():
+        f, src = p.figures, p.figures.source
+        where = (f"{src.sweep} point {src.point}" if src.point is not None
+                 else f"{src.sweep}: no load meets")
+        t.add_row(name, f"{p.pool.kv_pool_tokens:,}", fmt(f.users_per_card, "d"),
+                  fmt(f.gateway_cap, "d"), fmt(f.goodput_rps, ".2f"), fmt(f.rate_rps, ".2f"),
+                  fmt(p.replicas, "d"), fmt(p.cards, "d"),
+                  ("ok" if p.accuracy.allowed else "outside margin")
+                  + ("" if p.accuracy.checked else " (not checked)"), where)
+    out.print(t)
+    if not calibrated:
+        out.print(f"[yellow]{uncalibrated_note(doc.pool.gpu)}[/]", highlight=False)
+    if rec is None:
+        out.print(f"[bold]no recommendation:[/] {doc.why_none}")
+        return
+    out.print(f"[bold]recommended:[/] {rec.precision}, {rec.users_per_card} users per "
+              f"card, gateway cap {rec.gateway_cap} per replica (engine guard "
+              f"--max-running-requests {rec.engine_guard}), {rec.replicas} replicas on "
+              f"{rec.cards} cards for {doc.target_users} users with "
+              f"{rec.headroom:.0%} headroom. Why: {rec.why}")
+    d = doc.doubling
+    assert d is not None and doc.host_tier is not None and doc.launch is not None
+    t = Table(title=f"traffic doubled for {d.hours:g} h ({d.users} -> {d.doubled_users}"
+              f" users on {d.replicas} replicas; simulated on a slice of "
+              f"{d.replicas_simulated})")
+    for col in ("traffic", "thermal model", "attempts", "shed", "admitted attain",
+                "TTFT p99 ms", "gateway queue max", "SM clock p50/min MHz", "max temp C",
+                "thermal slowdown"):
+        t.add_column(col, justify="right")
+    for r in d.runs:
+        g = r.gpu
+        t.add_row(r.traffic, "on" if r.thermal_model else "off",
+                  str(r.requests.offered), f"{r.shed_share:.1%}",
+                  fmt(r.admitted_attainment, ".3f"), fmt(r.ttft_ms.p99, ".0f"),
+                  str(r.gateway_queue_max),
+                  f"{g.sm_clock_mhz.p50:.0f}/{g.sm_clock_mhz.min:.0f}",
+                  fmt(g.temp_c.max, ".1f"), f"{g.thermal_slowdown_share or 0.0:.1%}")
+    out.print(t)
+    for line in cooling_lines(d):
+        out.print(line, highlight=False)
+    out.print(f"host tier: {'HiCache on' if doc.host_tier.enable else 'off'}: "
+              f"{doc.host_tier.why}")
+    for engine, cmd in doc.launch.items():
+        out.print(f"\n[bold]{engine}:[/] {cmd.shell}", highlight=False, soft_wrap=True)
+        for note in cmd.notes:
+            out.print(f"  note: {note}", highlight=False)
+    out.print("\n[bold]gateway config:[/]")
+    out.print(gateway_yaml(doc), highlight=False, soft_wrap=True)
+
+
+COLDEST_INLET_C = 18.0  # the low end of ASHRAE's recommended data-centre inlet range
+
+
+def cooling_lines(doubling: Doubling) -> list[str]:
+    """What the thermal-on runs say, in words a user can act on: whether the card holds its
+    clock at each traffic level under the modelled cooling, and if not, what would."""
+    hot = [(r, r.cooling) for r in doubling.runs if r.cooling is not None]
+    if not hot:
+        return []
+    prof = hot[0][1].profile
+    hold = hot[0][1].hold_w
+    lines = [f"thermal: the modelled cooling is fitted to the L4 overload measurement "
+             f"(docs/calibration.md): {prof.inlet_c:g} C inlet, {prof.r_c_per_w:.2f} C/W, "
+             f"so it sheds {hold:.1f} W at the {prof.slowdown_c:g} C slowdown point"]
+    for r, c in hot:
+        mix = (f"its load draws {c.loaded_power_w:.1f} W at {prof.loaded_mhz:.0f} MHz "
+               f"(busy {c.busy_share:.0%}, {c.prefill_share or 0:.0%} of that prefill; "
+               f"decode alone {c.decode_power_w:.1f} W)")
+        head = f"  {r.traffic} ({r.users_simulated} users on the slice): "
+        if c.held_clock:
+            lines.append(head + f"holds its clock: {mix}, settling at "
+                         f"{c.steady_temp_c:.0f} C.")
+            continue
+        after = c.slowdown_after_s
+        when = f"after {after / 60:.1f} min " if after is not None else ""
+        lines.append(head + f"throttles {when}to {c.settled_mhz:.0f} MHz "
+                     f"({r.gpu.thermal_slowdown_share or 0.0:.0%} of busy time in slowdown, "
+                     f"admitted attainment {fmt(r.admitted_attainment, '.3f')}): {mix}.")
+        fixes = [f"cooling with at most {c.max_r_c_per_w:.2f} C/W at a {prof.inlet_c:g} C "
+                 f"inlet ({c.cooling_factor:.1f}x better than modelled: more airflow "
+                 f"through the card)"]
+        if c.max_inlet_c >= COLDEST_INLET_C:
+            fixes.append(f"an inlet at or below {c.max_inlet_c:.0f} C at the modelled cooling")
+        else:
+            fixes.append(f"no practical inlet does it at the modelled cooling (it would take "
+                         f"{c.max_inlet_c:.0f} C)")
+        if c.decode_power_w <= hold:
+            fixes.append(f"a power limit of {hold:.0f} W (nvidia-smi -pl) keeps decode at full "
+                         f"speed and slows only prefill")
+        if c.max_busy_share < c.busy_share:
+            fixes.append(f"or the card busy at most {c.max_busy_share:.0%} of the time (a "
+                         f"lower cap does not do it: these users send their next request at "
+                         f"once; with real think time, --turns and --think-time, the card "
+                         f"rests between turns)")
+        lines.append("    to hold the clock: " + "; ".join(fixes) + ".")
+    lines.append("  the cooling is one measured card's, yours decides: record clocks in the "
+                 "pre-launch sweep (chatfleet sweep --telemetry nvml --clock-floor MHZ).")
+    return lines
+
+
+def pool_table(p: PoolPlan) -> Table:
+    cal = "" if p.calibrated else " [yellow](uncalibrated: figures from datasheet, not measured)[/]"
+    t = Table(title=f"KV pool: {p.model} on {p.gpu}, weights {p.weights}, KV {p.kv_cache}{cal}")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    rows = [
+        ("visible memory", f"{p.visible_gib:.3f} GiB"),
+        ("free before weights (P)", f"{p.free_gib:.3f} GiB"),
+        ("mem_fraction_static (m)", f"{p.mem_fraction_static:.3f}"),
+        ("weights (W)", f"{p.weights_gib:.3f} GiB"),
+        ("KV bytes per token", f"{p.kv_bytes_per_token:,}"),
+        ("KV pool", f"{p.kv_pool_tokens:,} tokens"),
+        ("chunked prefill / CUDA-graph max batch",
+         f"{p.chunked_prefill_size} / {p.cuda_graph_max_bs}"),
+        (f"requests that fit ({p.request_tokens} tokens each, one shared prompt cached)",
+         f"{p.requests_fit:,}"),
+        (f"shared prompts that fit ({p.system_prompt_tokens} tokens each)", f"{p.prompts_fit:,}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t

@@ -1,0 +1,196 @@
+"""Sessions and their turns: `Workload` makes each session's requests, seeded through a
+`random.Random`.
+
+A prompt is a list of segments, each (segment id, token count): the shared system prompt of a
+group, then for every earlier turn the user's message and the answer's content (Qwen3's chat
+template drops earlier turns' reasoning, so a returning session's cached prefix ends before the
+last answer's reasoning), then the new user message. The twin turns segments into synthetic
+token ids (`segment_tokens`); a live client turns them into text of the same token counts.
+Chat-template tokens around turns are not counted (a few per turn).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from chatfleet.core.workload.config import WorkloadConfig
+
+# Synthetic token ids: token j of segment s is (s x 7919 + j x 104729) mod 151643, so every
+# id is an ordinary Qwen3 vocabulary id (below the special tokens) and the same prompts can be
+# sent to a live engine as token ids; the first tokens of two segments differ whenever their
+# ids differ modulo 151643, so segments never share a spurious cached prefix.
+SYNTH_VOCAB = 151643
+_SEG_MUL = 7919
+_POS_MUL = 104729
+
+
+def segment_tokens(segments: Sequence[tuple[int, int]]) -> array[int]:
+    """Synthetic token ids for a list of (segment id, length), as array('q')."""
+    out = array("q")
+    for sid, n in segments:
+        out.frombytes(_segment_bytes(sid, n))
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _segment_bytes(sid: int, n: int) -> bytes:
+    """One segment's ids as array('q') bytes. Memoised: every request of a group starts with
+    its shared system prompt, and a session's history repeats in each of its turns (a pure
+    function of its arguments, so the memo changes nothing but the time)."""
+    if n > len(_POSITION_IDS):
+        ids = (sid * _SEG_MUL + np.arange(n, dtype=np.int64) * _POS_MUL) % SYNTH_VOCAB
+        return ids.tobytes()
+    # (s x 7919 + j x 104729) mod V = ((s x 7919 mod V) + (j x 104729 mod V)) mod V
+    ids = _POSITION_IDS[:n] + (sid * _SEG_MUL) % SYNTH_VOCAB
+    np.remainder(ids, SYNTH_VOCAB, out=ids)
+    return ids.tobytes()
+
+
+_POSITION_IDS = (np.arange(1 << 16, dtype=np.int64) * _POS_MUL) % SYNTH_VOCAB  # j x 104729 mod V
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    request_id: str
+    session_id: str
+    user: int
+    turn: int
+    group: int
+    segments: tuple[tuple[int, int], ...]
+    output_segments: tuple[tuple[int, int], ...]  # reasoning (if any), then content
+    max_new_tokens: int
+    scheduled_time: float = 0.0
+
+    @property
+    def prompt_len(self) -> int:
+        return sum(n for _, n in self.segments)
+
+    @property
+    def output_len(self) -> int:
+        return sum(n for _, n in self.output_segments)
+
+    def prompt_ids(self) -> array[int]:
+        return segment_tokens(self.segments)
+
+    def output_ids(self) -> array[int]:
+        return segment_tokens(self.output_segments)
+
+
+@dataclass(slots=True)
+class Session:
+    session_id: str
+    user: int
+    group: int
+    history: list[tuple[int, int]]
+    turn: int = 0
+    rng: random.Random | None = None  # the session's own draws (lengths, think times)
+
+
+class Workload:
+    """Makes sessions and their turns. Segment ids are allocated in order, so the same seed
+    gives the same token ids.
+
+    Each session draws its lengths and think times (and, with `group_draw="request"`, its
+    prompt group) from its own generator, seeded from the workload's seed, the user and the
+    user's session count; `rng` itself only draws arrival times. So a session's requests do
+    not depend on the order in which other sessions finish: the twin and a live run (where
+    completions that tie in the model land in either order) offer the same trace. The one
+    exception is the default round-robin group of a closed loop's later sessions, which
+    follows creation order (`draw_group`)."""
+
+    def __init__(self, cfg: WorkloadConfig, rng: random.Random) -> None:
+        self.cfg = cfg
+        self.rng = rng
+        self._base_seed = rng.getrandbits(64)
+        self._next_segment = cfg.prompt_groups + 1  # 1..G are the shared system prompts
+        self._num_sessions = 0
+        self._num_requests = 0
+        self._sessions_of_user: dict[int, int] = {}
+
+    def draw_group(self, user: int, session_index: int, rng: random.Random) -> int:
+        """The prompt group of a new session (`session_index`: sessions created so far; `rng`:
+        the session's own generator).
+
+        - round-robin: session i is in group i mod G, in creation order (the working set of
+          shared prefixes is all G prompts even with fewer users than groups; a closed loop's
+          creation order follows completions, so a live run may order it differently);
+        - user: user u's sessions are all in group u mod G (fewer users than groups leave
+          groups unused);
+        - request: uniform over all G, drawn from the session's generator, so the same seed
+          gives each session the same group whatever the order of completions. SGLang's
+          generated-shared-prefix benchmark shuffles its G x prompts-per-group requests, so a
+          request's group is random and independent of which client slot sends it; it deals
+          each group exactly prompts-per-group times, where independent draws only balance
+          on average."""
+        g = self.cfg.prompt_groups
+        if self.cfg.group_draw == "user":
+            return user % g
+        if self.cfg.group_draw == "request":
+            return rng.randrange(g)
+        return session_index % g
+
+    def system_segment(self, group: int) -> tuple[int, int]:
+        return (group + 1, self.cfg.system_prompt_tokens)
+
+    def _segment(self, n: int) -> tuple[int, int]:
+        sid = self._next_segment
+        self._next_segment += 1
+        return (sid, n)
+
+    def new_session(self, user: int) -> Session:
+        """User u's k-th session is "s{u+1}" (k = 0) or "s{u+1}.{k}", whatever the order of
+        creation; its prompt group is `draw_group`'s."""
+        k = self._sessions_of_user.get(user, 0)
+        self._sessions_of_user[user] = k + 1
+        rng = random.Random(f"{self._base_seed}/{user}/{k}")
+        group = self.draw_group(user, self._num_sessions, rng)
+        self._num_sessions += 1
+        history = [self.system_segment(group)] if self.cfg.system_prompt_tokens else []
+        name = f"s{user + 1}" if k == 0 else f"s{user + 1}.{k}"
+        return Session(name, user, group, history, rng=rng)
+
+    def next_turn(self, session: Session, scheduled_time: float) -> RequestSpec:
+        """The session's next request; its answer's content joins the session's history."""
+        in_len, out_len = self.cfg.lengths.sample(session.rng or self.rng)
+        user_seg = self._segment(in_len)
+        segments = (*session.history, user_seg)
+        reasoning = int(out_len * self.cfg.reasoning_share)
+        content = out_len - reasoning
+        out_segs: list[tuple[int, int]] = []
+        if reasoning > 0:
+            out_segs.append(self._segment(reasoning))
+        content_seg = self._segment(content) if content > 0 else None
+        if content_seg is not None:
+            out_segs.append(content_seg)
+        session.history.append(user_seg)
+        if content_seg is not None:
+            session.history.append(content_seg)
+        self._num_requests += 1
+        spec = RequestSpec(
+            request_id=f"r{self._num_requests}",
+            session_id=session.session_id,
+            user=session.user,
+            turn=session.turn,
+            group=session.group,
+            segments=segments,
+            output_segments=tuple(out_segs),
+            max_new_tokens=out_len,
+            scheduled_time=scheduled_time,
+        )
+        session.turn += 1
+        return spec
+
+    def think_time(self, session: Session | None = None) -> float:
+        mean = self.cfg.think_time_s
+        if mean <= 0:
+            return 0.0
+        if self.cfg.think_dist == "fixed":
+            return mean
+        rng = session.rng if session is not None and session.rng is not None else self.rng
+        return rng.expovariate(1.0 / mean)

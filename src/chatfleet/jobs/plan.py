@@ -1,0 +1,419 @@
+"""`chatfleet plan`'s full answer: for each precision, the KV pool and a sweep (run through the
+twin, or read from a sweep's JSON); then users per card at the knee, goodput at the target, the
+caps, the fleet for the target users, what an hour of doubled traffic does, the launch commands
+for SGLang and vLLM, and the gateway's config file. With `engine_model` "vllm" the twin runs the
+vLLM model: its pool rule, its knee, and vLLM's launch command only.
+
+The arithmetic from sweep to answer is pure (core/plan.py); this module runs the twin, reads
+files and builds the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from chatfleet import __version__
+from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
+from chatfleet.core.documents.fields import DocumentError
+from chatfleet.core.documents.plan import (
+    Cooling,
+    CoolingProfile,
+    Doubling,
+    DoublingRun,
+    HostTier,
+    Launch,
+    Plan,
+    PoolFigures,
+    PrecisionEntry,
+    Recommendation,
+    SweepRef,
+)
+from chatfleet.core.documents.sweep import (
+    SCHEMA,
+    ClosedLoad,
+    GpuBlock,
+    Load,
+    OpenLoad,
+    SweepDoc,
+)
+from chatfleet.core.engine.build import EngineSpec, thermal_profile_of
+from chatfleet.core.engine.thermal import cooling_need
+from chatfleet.core.memory import PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
+from chatfleet.core.plan import (
+    PlanError,
+    PrecisionFigures,
+    accuracy_verdicts,
+    choose_precision,
+    figures_from_sweep,
+    fleet_size,
+    host_tier,
+    precision_name,
+    prefill_reserve_s,
+    working_set_tokens,
+)
+from chatfleet.core.slo import SLO
+from chatfleet.core.specs import GIB, GPU, HF_MODEL_IDS, Model, precision
+from chatfleet.core.workload import SessionProfile
+from chatfleet.engines import SGLangAdapter, VLLMAdapter
+from chatfleet.engines.base import LaunchCommand
+from chatfleet.gateway.config import parse_config
+from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig, run_fleet_point
+from chatfleet.twin.sweep import TwinSweep
+
+DEFAULT_GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_RATES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
+SGLANG_PORT = 30000
+VLLM_PORT = 8000
+
+# Progress: (what is running, finished steps, all steps).
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    gpu: GPU
+    model: Model
+    users: int
+    slo: SLO = field(default_factory=SLO)
+    profile: SessionProfile = field(default_factory=SessionProfile)
+    precisions: tuple[tuple[str, str], ...] = (("bf16", "bf16"), ("fp8", "fp8"))
+    sweeps: tuple[Path, ...] = ()
+    accuracy: Path | None = None
+    headroom: float = 0.2
+    host_kv_gib: float = 16.0
+    mem_fraction: float | None = None
+    grid: tuple[int, ...] = DEFAULT_GRID
+    rates: tuple[float, ...] = DEFAULT_RATES
+    duration_s: float = DURATION_S
+    warmup_s: float = WARMUP_S
+    seed: int = SEED
+    doubling_hours: float = 1.0
+    doubling_replicas: int = 2  # the slice of the fleet the what-if simulates
+    eviction: str = "lru"
+    model_path: str | None = None
+    cap_margin: int = 0  # lower the gateway cap this many grid steps below the knee
+    engine_model: str = "sglang"  # the twin's engine model: sglang or vllm
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"{what} {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanError(f"{what} {path}: not readable JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise PlanError(f"{what} {path}: not a JSON object")
+    return doc
+
+
+def load_sweep(path: Path) -> SweepDoc:
+    """A chatfleet.sweep/1 document: a file, or a live sweep's directory (DIR/sweep.json)."""
+    file = path / "sweep.json" if path.is_dir() else path
+    doc = _read_json(file, "sweep")
+    if doc.get("schema") != SCHEMA:
+        raise PlanError(f"sweep {file}: schema is {doc.get('schema')!r}, not {SCHEMA}")
+    try:
+        return SweepDoc.from_json(doc, f"sweep {file}")
+    except DocumentError as exc:
+        raise PlanError(str(exc)) from None
+
+
+def load_accuracy(path: Path) -> dict[str, Any]:
+    doc = _read_json(path, "accuracy result")
+    if doc.get("schema") != "chatfleet.accuracy/1" or not isinstance(doc.get("targets"), dict):
+        raise PlanError(f"accuracy result {path}: not a chatfleet.accuracy/1 document")
+    return doc
+
+
+def model_path(req: PlanRequest, weights: str) -> str:
+    if req.model_path is not None:
+        return req.model_path
+    ids = HF_MODEL_IDS.get(req.model.name)
+    return ids[weights] if ids and weights in ids else req.model.name
+
+
+def engine_spec(req: PlanRequest, weights: str, kv: str, **changes: Any) -> EngineSpec:
+    spec = EngineSpec(req.gpu, req.model, precision(weights, kv),
+                      mem_fraction=req.mem_fraction,
+                      eviction_policy=req.eviction if req.engine_model == "sglang" else "lru",
+                      engine_model=req.engine_model)
+    return replace(spec, **changes)
+
+
+def pool_of(req: PlanRequest, weights: str, kv: str) -> PoolPlan | VLLMPoolPlan:
+    prof = req.profile
+    if req.engine_model == "vllm":
+        return plan_vllm_pool(req.gpu, req.model, weights, kv,
+                              gpu_memory_utilization=req.mem_fraction)
+    return plan_pool(req.gpu, req.model, weights, kv, mem_fraction=req.mem_fraction,
+                     request_tokens=prof.input_len + prof.output_len,
+                     system_prompt_tokens=prof.system_prompt_tokens)
+
+
+def pool_json(req: PlanRequest, pool: PoolPlan | VLLMPoolPlan) -> PoolFigures:
+    """The pool's figures, with what fits in it (vLLM's as SGLang's are counted)."""
+    out = pool.to_json()
+    if isinstance(pool, VLLMPoolPlan):
+        prof = req.profile
+        system, request = prof.system_prompt_tokens, prof.input_len + prof.output_len
+        out.update(request_tokens=request, system_prompt_tokens=system,
+                   requests_fit=max(0, (pool.kv_pool_tokens - system) // request),
+                   prompts_fit=pool.kv_pool_tokens // system if system else 0)
+    return PoolFigures(out)
+
+
+def twin_sweep(req: PlanRequest, weights: str, kv: str,
+               tick: Callable[[], None]) -> SweepDoc:
+    """A flushed closed-loop grid and a fixed-rate grid through the twin, both knees refined."""
+    loads: list[Load] = [ClosedLoad(c) for c in req.grid]
+    loads += [OpenLoad(r, "poisson", 1.0) for r in req.rates]
+    sweeper = TwinSweep(engine_spec(req, weights, kv), req.profile.workload(), req.slo,
+                        duration_s=req.duration_s, warmup_s=req.warmup_s, seed=req.seed)
+    return sweeper.run(loads, refine=True, on_point=lambda _: tick())
+
+
+def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
+             queue_depth: int) -> Doubling:
+    """An hour at the target users and an hour at twice as many, each with the thermal model
+    off (what the traffic alone does: the queue, the sheds) and on (what the clocks add),
+    through a slice of the fleet: the gateway's own admission and routing in front, the engine
+    guard set. The fleet is symmetric, so `doubling_replicas` replicas with their share of the
+    users stand for the whole. Each thermal-on run carries `cooling`: what its load (its mix
+    at the loaded clock, from the thermal-off run) asks of the cooling, and what the card
+    did under the modelled cooling."""
+    assert fig.gateway_cap is not None
+    k = max(1, min(replicas, req.doubling_replicas))
+    budget = req.slo.ttft_ms / 1000.0
+    fleet = FleetConfig(replicas=k, cap=fig.gateway_cap, queue_depth=queue_depth,
+                        ttft_budget_s=budget, hop_s=MEASURED_HOP_S,
+                        prefill_reserve_s=prefill_reserve_s(fig, budget))
+    runs: list[DoublingRun] = []
+    for traffic, factor in (("target", 1), ("doubled", 2)):
+        users = max(1, round(req.users * factor * k / replicas))
+        for thermal in (False, True):
+            spec = engine_spec(req, fig.weights, fig.kv_cache, thermal=thermal,
+                               max_running_requests=fig.gateway_cap)
+            p = run_fleet_point(spec, req.profile.workload(), ClosedLoad(users), fleet,
+                                duration_s=req.doubling_hours * 3600.0, warmup_s=60.0,
+                                seed=req.seed + 1000 + factor, slo=req.slo).point
+            assert p.fleet is not None and p.fleet.max_in_flight is not None
+            r = p.requests
+            runs.append(DoublingRun(
+                traffic=traffic, thermal_model=thermal, users_simulated=users, requests=r,
+                shed_share=round(r.shed / max(1, r.offered), 4), attainment=p.attainment,
+                admitted_attainment=p.admitted_attainment,
+                goodput_rps_per_replica=round(p.goodput_rps / k, 4),
+                ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, gateway_queue_max=p.fleet.max_queue,
+                max_in_flight=p.fleet.max_in_flight, gpu=p.gpu,
+                cooling=cooling_block(spec, runs[-1].gpu, p.gpu) if thermal else None))
+    return Doubling(hours=req.doubling_hours, users=req.users, doubled_users=2 * req.users,
+                    replicas=replicas, replicas_simulated=k, runs=tuple(runs))
+
+
+def cooling_block(spec: EngineSpec, cool: GpuBlock, hot: GpuBlock) -> Cooling:
+    """The thermal verdict of one traffic level: the load's mix at the loaded clock (`cool`,
+    the thermal-off run's gpu block), what that asks of the modelled cooling, and what the
+    card did under it (`hot`, the thermal-on run's)."""
+    profile = thermal_profile_of(spec)
+    assert cool.modelled is not None  # the twin's gpu blocks carry their modelled figures
+    mix = cool.modelled
+    need = cooling_need(profile, mix.busy_share, mix.prefill_share or 0.0).to_json()
+    return Cooling(
+        profile=CoolingProfile(inlet_c=profile.ambient_c,
+                               r_c_per_w=round(profile.r_c_per_w, 3),
+                               tau_s=round(profile.tau_s, 1), slowdown_c=profile.slowdown_c,
+                               loaded_mhz=profile.loaded_mhz, source=profile.source),
+        busy_share=mix.busy_share, prefill_share=mix.prefill_share,
+        loaded_power_w=need["loaded_power_w"], decode_power_w=need["decode_power_w"],
+        hold_w=need["hold_w"], steady_temp_c=need["steady_temp_c"],
+        holds_clock=bool(need["holds_clock"]), max_inlet_c=need["max_inlet_c"],
+        max_r_c_per_w=need["max_r_c_per_w"], cooling_factor=need["cooling_factor"],
+        max_busy_share=need["max_busy_share"],
+        held_clock=hot.thermal_slowdown_share == 0.0,
+        slowdown_after_s=None if hot.modelled is None else hot.modelled.slowdown_after_s,
+        settled_mhz=hot.sm_clock_mhz.p50)
+
+
+def launch_commands(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan | VLLMPoolPlan,
+                    tier: HostTier) -> dict[str, LaunchCommand]:
+    """SGLang's and vLLM's launch commands for one replica at the plan's figures (vLLM's only
+    when the figures come from the vLLM model)."""
+    assert fig.gateway_cap is not None
+    path = model_path(req, fig.weights)
+    context = (pool.kv_pool_tokens if pool.kv_pool_tokens < req.model.max_position_embeddings
+               else None)
+    if isinstance(pool, VLLMPoolPlan):
+        usable = (pool.num_gpu_blocks - 1) * pool.block_size
+        vllm = VLLMAdapter().launch_command(
+            path, (fig.weights, fig.kv_cache), req.mem_fraction,
+            max_running_requests=fig.gateway_cap, host="0.0.0.0", port=VLLM_PORT,
+            context_length=usable if usable < req.model.max_position_embeddings else None,
+            chunked_prefill_size=pool.max_num_batched_tokens,
+            served_model_name=req.model.name)
+        vllm.notes.append(f"the figures are the vLLM model's (uncalibrated until `twin "
+                          f"calibrate --engine-model vllm`): its pool of {pool.kv_pool_tokens:,} "
+                          "tokens is vLLM's memory rule with assumed overheads; check 'GPU KV "
+                          "cache size' in vLLM's log")
+        return {"vllm": vllm}
+    extra = ["--radix-eviction-policy", req.eviction]
+    if tier.enable:
+        extra += ["--enable-hierarchical-cache", "--hicache-ratio", str(tier.hicache_ratio)]
+    common: dict[str, Any] = dict(max_running_requests=fig.gateway_cap, host="0.0.0.0",
+                                  context_length=context,
+                                  chunked_prefill_size=pool.chunked_prefill_size,
+                                  served_model_name=req.model.name)
+    sglang = SGLangAdapter().launch_command(path, (fig.weights, fig.kv_cache),
+                                            pool.mem_fraction_static, port=SGLANG_PORT,
+                                            extra=extra, **common)
+    vllm = VLLMAdapter().launch_command(path, (fig.weights, fig.kv_cache), None, **common)
+    vllm.notes.append("--gpu-memory-utilization left at vLLM's default: it counts the whole "
+                      "card, SGLang's mem fraction does not; check the pool in vLLM's log")
+    return {"sglang": sglang, "vllm": vllm}
+
+
+def gateway_config(req: PlanRequest, fig: PrecisionFigures, replicas: int) -> dict[str, Any]:
+    """The gateway's config file (docs/gateway.md), replicas named sglang-0..R-1 on port
+    30000 (the Kubernetes Services of `chatfleet deploy k8s`; edit the URLs elsewhere), or
+    vllm-0..R-1 on port 8000 for a plan of the vLLM model."""
+    assert fig.gateway_cap is not None
+    name, port = (("vllm", VLLM_PORT) if req.engine_model == "vllm"
+                  else ("sglang", SGLANG_PORT))
+    doc: dict[str, Any] = {
+        "replicas": [{"name": f"{name}-{i}", "url": f"http://{name}-{i}:{port}"}
+                     for i in range(replicas)],
+        "cap": fig.gateway_cap,
+        "queue_depth": fig.gateway_cap * replicas,
+        "ttft_budget_s": req.slo.ttft_ms / 1000.0,
+        "prefill_reserve_s": prefill_reserve_s(fig, req.slo.ttft_ms / 1000.0),
+        "prioritize_returning": True,
+        "routing": {"affinity": True, "gpu": req.gpu.name, "model": req.model.name,
+                    "weights": fig.weights, "kv_cache": fig.kv_cache,
+                    "shared_prefix_tokens": req.profile.system_prompt_tokens},
+    }
+    parse_config(doc)  # the gateway must accept what the plan writes
+    return doc
+
+
+def host_tier_of(req: PlanRequest, fig: PrecisionFigures,
+                 pool: PoolPlan | VLLMPoolPlan) -> HostTier:
+    """The method's host-tier rule (docs/facts.md#the-method) on the working set of a card's
+    users at this precision."""
+    assert fig.users_per_card is not None
+    prof = req.profile
+    ws = working_set_tokens(fig.users_per_card, prof.system_prompt_tokens, prof.prompt_groups,
+                            prof.history_tokens())
+    host_tokens = int(req.host_kv_gib * GIB // pool.kv_bytes_per_token)
+    if isinstance(pool, VLLMPoolPlan):
+        return HostTier(enable=False, why="the vLLM model has no host tier (HiCache is "
+                        f"SGLang's); the working set is {ws:,} tokens against a pool of "
+                        f"{pool.kv_pool_tokens:,}", working_set_tokens=ws,
+                        host_tokens=host_tokens)
+    return replace(host_tier(ws, pool.kv_pool_tokens, host_tokens), working_set_tokens=ws,
+                   host_tokens=host_tokens)
+
+
+def _launch(cmd: LaunchCommand) -> Launch:
+    return Launch(argv=tuple(cmd.argv), env=dict(cmd.env), shell=cmd.shell(),
+                  notes=tuple(cmd.notes))
+
+
+def make_plan(req: PlanRequest, progress: Progress | None = None) -> Plan:
+    """The whole answer as one document (keys in docs/plan.md)."""
+    if req.users < 1:
+        raise PlanError("--users must be at least 1")
+    accuracy = load_accuracy(req.accuracy) if req.accuracy is not None else None
+    docs: dict[str, tuple[str, SweepDoc]] = {}
+    for path in req.sweeps:
+        doc = load_sweep(path)
+        t = doc.target
+        name = precision_name(str(t.weights), str(t.kv_cache))
+        if name in docs:
+            raise PlanError(f"two sweeps of {name}: {docs[name][0]} and {path}")
+        if t.gpu not in (None, req.gpu.name):
+            raise PlanError(f"sweep {path} was measured on {t.gpu}, not {req.gpu.name}")
+        docs[name] = (str(path), doc)
+    pairs = ([(str(d.target.weights), str(d.target.kv_cache)) for _, d in docs.values()]
+             if docs else list(req.precisions))
+    steps = 0 if docs else len(pairs) * (len(req.grid) + len(req.rates) + 8)
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress("twin sweeps", min(done, steps), steps)
+
+    for w, kv in pairs:
+        name = precision_name(w, kv)
+        if name not in docs:
+            docs[name] = ("twin", twin_sweep(req, w, kv, tick))
+    if progress is not None and steps:
+        progress("twin sweeps", steps, steps)
+    pools = {precision_name(w, kv): pool_of(req, w, kv) for w, kv in pairs}
+    figures = [figures_from_sweep(doc, src, req.cap_margin) for src, doc in docs.values()]
+    verdicts = accuracy_verdicts(accuracy, [f.name for f in figures])
+    best, why = choose_precision(figures, verdicts)
+
+    by_precision: dict[str, PrecisionEntry] = {}
+    for f in figures:
+        entry = PrecisionEntry(figures=f, pool=pool_json(req, pools[f.name]),
+                               accuracy=verdicts[f.name])
+        if f.users_per_card:
+            size = fleet_size(req.users, f.users_per_card, req.headroom)
+            tier = host_tier_of(req, f, pools[f.name])
+            entry = replace(entry, replicas=size["replicas"], cards=size["cards"],
+                            host_tier=tier,
+                            launch={k: _launch(v) for k, v in
+                                    launch_commands(req, f, pools[f.name], tier).items()})
+        by_precision[f.name] = entry
+
+    plan = Plan(pool=pool_json(req, next(iter(pools.values()))), chatfleet_version=__version__,
+                engine_model=req.engine_model, target_users=req.users, slo=req.slo,
+                session_profile={**req.profile.workload().to_json()}, recommendation=None,
+                why_none=why, by_precision=by_precision,
+                sweeps={name: SweepRef(src, doc if src == "twin" else None)
+                        for name, (src, doc) in docs.items()})
+    if best is None:
+        return plan
+    assert best.users_per_card is not None and best.gateway_cap is not None
+    size = fleet_size(req.users, best.users_per_card, req.headroom)
+    gw = gateway_config(req, best, size["replicas"])
+    if progress is not None:
+        progress("target and doubled traffic through the fleet twin", 0, 1)
+    chosen = by_precision[best.name]
+    plan = replace(
+        plan, pool=pool_json(req, pools[best.name]), why_none=None,
+        recommendation=Recommendation(
+            precision=best.name, weights=best.weights, kv_cache=best.kv_cache,
+            users_per_card=best.users_per_card, gateway_cap=best.gateway_cap,
+            engine_guard=best.gateway_cap, goodput_rps=best.goodput_rps,
+            replicas=size["replicas"], cards=size["cards"], headroom=req.headroom, why=why,
+            source=best.source),
+        host_tier=chosen.host_tier,
+        doubling=doubling(req, best, size["replicas"], gw["queue_depth"]),
+        launch=chosen.launch, gateway_config=gw)
+    if progress is not None:
+        progress("target and doubled traffic through the fleet twin", 1, 1)
+    return plan
+
+
+def parse_precisions(text: str) -> tuple[tuple[str, str], ...]:
+    """'bf16,fp8' -> ((bf16, bf16), (fp8, fp8)); 'fp8/bf16' -> FP8 weights, BF16 KV cache."""
+    out: list[tuple[str, str]] = []
+    for item in (x.strip().lower() for x in text.split(",")):
+        if not item:
+            continue
+        w, _, kv = item.partition("/")
+        pair = (w, kv or w)
+        precision(*pair)  # raises SpecError for anything but bf16/fp8
+        if pair in out:
+            raise PlanError(f"precision {item!r} given twice")
+        out.append(pair)
+    if not out:
+        raise PlanError("no precision given")
+    return tuple(out)

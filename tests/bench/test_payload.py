@@ -1,0 +1,222 @@
+"""Chat prompts built off the event loop: the text pool's texts are the inline texts (exact
+token counts, same seed same bytes), a prepared request builds nothing on the loop, and the
+drive starts each build before the request's time and awaits it before the send."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from chatfleet.bench import payload as payload_mod
+from chatfleet.bench.client import Clock, make_session
+from chatfleet.bench.drive import drive
+from chatfleet.bench.payload import ChatPayload
+from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, Shaped
+from chatfleet.bench.text_pool import TextPool
+from chatfleet.core.documents.sweep import ClosedLoad
+from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.specs import builtin_model, get_gpu, precision
+from chatfleet.core.workload import (
+    ClosedLoop,
+    LengthSpec,
+    OpenLoop,
+    RequestSpec,
+    Workload,
+    WorkloadConfig,
+)
+from chatfleet.data.exact_tokens import text_of_exact_tokens
+from chatfleet.data.tokenizer import load_qwen_tokenizer
+from chatfleet.simserver.server import ServerConfig, serve_in_thread
+
+WCFG = WorkloadConfig(system_prompt_tokens=300, lengths=LengthSpec("uniform", 200, 8, 0.5),
+                      turns=2)
+
+
+def forbid_inline(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Make an inline build on this process fail loudly; the calls it saw."""
+    calls: list[tuple[int, int]] = []
+
+    def inline(tok: Any, n: int, seed: int, prefix: str = "") -> str:
+        calls.append((seed, n))
+        raise AssertionError(f"text of segment {seed} ({n} tokens) built on the event loop")
+
+    monkeypatch.setattr(payload_mod, "text_of_exact_tokens", inline)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def pool() -> Any:
+    with TextPool(load_qwen_tokenizer().directory, workers=1) as p:
+        yield p
+
+
+@pytest.mark.timeout(120)
+def test_the_pools_texts_are_the_inline_texts_with_exact_counts(pool: TextPool) -> None:
+    tok = load_qwen_tokenizer()
+    cases = [(1, 1), (7, 64), (12345, 777), (2, 2043)]
+
+    async def main() -> list[str]:
+        return await asyncio.gather(*(pool.text(n, seed) for seed, n in cases))
+
+    texts = asyncio.run(main())
+    for (seed, n), text in zip(cases, texts, strict=True):
+        assert text == text_of_exact_tokens(tok, n, seed=seed)
+        assert len(tok.encode(text)) == n
+    assert os.getpid() not in pool.worker_pids()
+
+
+@pytest.mark.timeout(120)
+def test_a_prepared_request_builds_no_text_on_the_event_loop(
+        pool: TextPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = load_qwen_tokenizer()
+    payload = ChatPayload(tok, "m", pool=pool)
+    wl = Workload(WCFG, random.Random(3))
+    driver = ClosedLoop(wl, users=2)
+    first = driver.start()
+    second = driver.on_done(first[0], 1.0)  # the same session's second turn
+    expected = {seg: text_of_exact_tokens(tok, seg[1], seed=seg[0])
+                for spec in (*first, second) for seg in spec.segments}
+    calls = forbid_inline(monkeypatch)
+
+    async def main() -> list[dict[str, Any]]:
+        await payload.prebuild([wl.system_segment(0)])
+        bodies = []
+        for spec in first:
+            await payload.prepare(spec)
+            bodies.append(payload(spec)[1])
+        payload.on_answer(first[0], "an answer")
+        await payload.prepare(second)
+        bodies.append(payload(second)[1])
+        return bodies
+
+    bodies = asyncio.run(main())
+    assert calls == []
+    for spec, body in zip((*first, second), bodies, strict=True):
+        msgs = body["messages"]
+        assert msgs[0] == {"role": "system", "content": expected[spec.segments[0]]}
+        assert msgs[-1] == {"role": "user", "content": expected[spec.segments[-1]]}
+    assert [m["role"] for m in bodies[-1]["messages"]] == ["system", "user", "assistant", "user"]
+    assert bodies[-1]["messages"][2]["content"] == "an answer"
+
+
+class SlowPrepare:
+    """A payload whose texts take 50 ms to build, off the loop: logs when each request's build
+    was asked for and when it was ready."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def prefetch(self, spec: RequestSpec) -> None:
+        if spec.request_id not in self.tasks:
+            self.asked[spec.request_id] = time.monotonic()
+            self.tasks[spec.request_id] = asyncio.ensure_future(self._build(spec))
+
+    async def _build(self, spec: RequestSpec) -> None:
+        await asyncio.sleep(0.05)
+        self.ready[spec.request_id] = time.monotonic()
+
+    async def prepare(self, spec: RequestSpec) -> None:
+        self.prefetch(spec)
+        await self.tasks[spec.request_id]
+
+    def __call__(self, spec: RequestSpec) -> tuple[str, dict[str, Any]]:
+        assert spec.request_id in self.ready, "sent before its texts were built"
+        return "/v1/completions", {"rid": spec.request_id, "max_tokens": 2, "stream": True}
+
+
+async def answer(request: web.Request) -> web.StreamResponse:
+    body = orjson.loads(await request.read())
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for k in (1, 2):
+        chunk = {"id": body["rid"], "object": "text_completion",
+                 "choices": [{"index": 0, "text": "x", "finish_reason": None}],
+                 "usage": {"prompt_tokens": 4, "completion_tokens": k}}
+        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
+async def drive_slow(driver: ClosedLoop | OpenLoop, payload: SlowPrepare,
+                     window_end: float) -> tuple[Any, Clock]:
+    app = web.Application()
+    app.router.add_post("/v1/completions", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        clock = Clock()
+        async with make_session() as session:
+            res = await drive([url], driver, payload, window_end=window_end, drain_s=5.0,
+                              clock=clock, session=session)
+        return res, clock
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.timeout(60)
+def test_the_drive_awaits_each_requests_texts_before_it_sends() -> None:
+    payload = SlowPrepare()
+    wl = Workload(WorkloadConfig(system_prompt_tokens=0, lengths=LengthSpec("fixed", 4, 2),
+                                 think_time_s=0.2, think_dist="fixed", turns=3),
+                  random.Random(0))
+    res, clock = asyncio.run(drive_slow(ClosedLoop(wl, users=2), payload, window_end=1.5))
+    ok = [r for r in res.records if r.outcome == "ok"]
+    assert len(ok) >= 6
+    for r in ok:
+        ready = (payload.ready[r.request_id] - clock.t0) * clock.scale
+        assert r.send_time >= ready
+    # with 200 ms of think time the 50 ms build is hidden: the next turns leave on time
+    later = [lag for t, lag in res.send_lag if t > 0.1]
+    assert later and max(later) < 40.0
+
+
+@pytest.mark.timeout(60)
+def test_an_open_loop_arrival_is_prefetched_before_its_time() -> None:
+    payload = SlowPrepare()
+    wl = Workload(WorkloadConfig(system_prompt_tokens=0, lengths=LengthSpec("fixed", 4, 2)),
+                  random.Random(1))
+    res, clock = asyncio.run(drive_slow(OpenLoop(wl, rate=5.0), payload, window_end=2.0))
+    assert len(res.records) >= 3
+    for r in res.records:
+        asked = (payload.asked[r.request_id] - clock.t0) * clock.scale
+        assert asked <= r.scheduled_time + 0.005  # asked for when the arrival was drawn
+
+
+@pytest.mark.timeout(180)
+def test_a_chat_sweep_builds_its_prompts_in_the_pool(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = forbid_inline(monkeypatch)
+    spec = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
+    with serve_in_thread(ServerConfig(spec=spec, time_scale=20)) as srv:
+        cfg = LiveSweepConfig(
+            targets=srv.urls, engine="simserver", model="qwen3-8b",
+            loads=[ClosedLoad(4)], wcfg=WCFG, out=tmp_path / "s",
+            duration_s=10.0, warmup_s=1.0, drain_s=30.0, api="chat", telemetry="none",
+            prompt_workers=1, max_loop_lag_ms=100.0, max_send_lag_ms=200.0)
+        sweep = LiveSweep(cfg)
+        doc = asyncio.run(sweep.run())
+    (point,) = doc.points
+    assert calls == []
+    assert point.requests.completed > 4 and point.requests.failed == 0
+    assert point.live.token_check.mismatched == 0
+    # the simserver counted the prompts the harness meant: system + user segments, exact
+    records = [orjson.loads(x) for x in (tmp_path / "s" / "runs" / "000" /
+                                         "records.jsonl").read_bytes().splitlines()]
+    assert records and all(r["prompt_tokens"] > WCFG.system_prompt_tokens for r in records)
+    # the workers stop with the sweep
+    shaped = sweep._payload
+    assert isinstance(shaped, Shaped) and isinstance(shaped.inner, ChatPayload)
+    assert shaped.inner.pool is None
