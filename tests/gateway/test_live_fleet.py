@@ -29,6 +29,7 @@ def test_each_queue_deadline_is_checked_about_once_not_in_a_spin() -> None:
                              queue_depth=num_queued, ttft_budget_s=budget_s)
         calls = FleetTrace()
         fleet = LiveFleet(cfg, step_time_model(SPEC), GatewayMetrics(), trace=calls)
+        fleet.report("f0", ok=True, probe=True)  # a replica takes traffic once it passed a probe
         busy = fleet.offer(FleetRequest("busy", None, fleet.now()))
         assert isinstance(busy, Decision) and busy.admitted  # the only slot, never released
         waits = []
@@ -38,7 +39,7 @@ def test_each_queue_deadline_is_checked_about_once_not_in_a_spin() -> None:
             await asyncio.sleep(0.0013)
         out = await asyncio.gather(*waits)
         fleet.close()
-        return out, sum(1 for _, name, _ in calls.calls if name == "expire")
+        return out, sum(1 for _, name, _, _ in calls.calls if name == "expire")
 
     decisions, num_expire_calls = uvloop.run(main())
     assert all(d.shed and d.reason == "deadline" for d in decisions)

@@ -1,11 +1,11 @@
-"""The live side's clock without the host's stalls (chatfleet.parity)."""
+"""The live side's clock without the host's stalls (chatfleet.jobs.parity)."""
 
 from __future__ import annotations
 
 import pytest
 
 from chatfleet.core.records import RequestRecord
-from chatfleet.parity import records_without_stalls, without_stalls
+from chatfleet.jobs.parity import records_without_stalls, without_stalls
 
 STALLS = [(1.0, 2.0), (3.0, 3.5)]  # model seconds in which the host held the engine up
 
