@@ -51,8 +51,9 @@ def fleet(hop_s: float) -> FleetConfig:
                        prefill_reserve_s=0.2, hop_s=hop_s)
 
 
-def bursts() -> list[float]:
-    return [2.0 + b * 3.0 + i * 0.004 for b in range(6) for i in range(20)]
+def bursts(num_bursts: int, period_s: float, gap_s: float) -> list[float]:
+    """Bursts of 20 sessions, `gap_s` apart, one every `period_s`, from 2 s on."""
+    return [2.0 + b * period_s + i * gap_s for b in range(num_bursts) for i in range(20)]
 
 
 # name, workload, load, duration, seed, arrival times
@@ -65,8 +66,11 @@ TRACES: list[tuple[str, WorkloadConfig, Load, float, int, list[float] | None]] =
      None),
     ("closed loop, 24 users (3x the cap)", wcfg(2), ClosedLoad(24),
      20.0, 1, None),
-    ("bursts of 20 every 3 s x 2 turns", wcfg(2, "fixed"),
-     OpenLoad(120 / 18.0), 18.0, 1, bursts()),
+    ("bursts of 20 every 3 s, 4 ms apart x 2 turns", wcfg(2, "fixed"),
+     OpenLoad(120 / 18.0), 18.0, 1, bursts(6, 3.0, 0.004)),
+    # tests/gateway/test_overload_parity.py's trace: each burst meets an idle fleet
+    ("bursts of 20 every 4.5 s, 20 ms apart x 2 turns", wcfg(2, "fixed"),
+     OpenLoad(100 / 22.5), 22.5, 1, bursts(5, 4.5, 0.020)),
 ]
 
 

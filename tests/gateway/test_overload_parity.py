@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from chatfleet.core.documents.sweep import ClosedLoad, OpenLoad
 from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.records import RequestRecord
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.jobs.parity import run_fleet_parity
@@ -66,13 +68,50 @@ def test_three_times_the_cap_holds_the_cap_and_the_admitted_target(tmp_path: Pat
     assert res.twin_point.admitted_attainment >= 0.99
 
 
+# the parity trace: bursts of sessions, each burst meeting an idle fleet (see the test)
+NUM_BURSTS, BURST_PERIOD_S, SESSIONS_PER_BURST, SESSION_GAP_S = 5, 4.5, 20, 0.020
+
+
+def burst_margins(records: list[RequestRecord], starts: list[float],
+                  queue_wait_s: float) -> tuple[float, float]:
+    """From the twin's records: (the shortest time the fleet stood idle before a burst,
+    the shortest time from a burst's last deadline shed to its first completion)."""
+    done = [(r.scheduled_time, r.last_token_time or 0.0) for r in records if r.outcome == "ok"]
+    idle = min(t - max(end for at, end in done if at < t) for t in starts[1:])
+    spare = math.inf
+    for t in starts:
+        burst = [r for r in records if t <= r.scheduled_time < t + BURST_PERIOD_S]
+        shed_at = [r.scheduled_time + queue_wait_s for r in burst
+                   if r.outcome == "shed" and "(deadline)" in (r.error or "")]
+        first_done = min(end for at, end in done if t <= at < t + BURST_PERIOD_S)
+        spare = min(spare, first_done - max(shed_at, default=t))
+    return idle, spare
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_same_trace_gets_the_same_replicas_and_decisions(tmp_path: Path) -> None:
-    """A trace of session arrivals: every 3 s a burst of 20 sessions, 4 ms apart (ordered:
-    the wall clock keeps requests 4 ms apart in order), two turns each, 0.5 s to think. Each
-    burst fills both replicas, queues 8, sheds the rest at once; the queued ones are shed at
-    their deadline; second turns come home. Both sides must agree on all of it.
+    """A trace of session arrivals: every 4.5 s a burst of 20 sessions, 20 ms apart, two
+    turns each, 0.5 s to think. Each burst fills both replicas, queues 4, sheds the rest at
+    once; the queued ones are shed at their deadline; second turns come home. Both sides must
+    agree on all of it: every decision but one in a hundred, every session's replica.
+
+    That holds in wall clock only where no decision hangs on which of two events comes
+    first when they are closer than the live run can keep them. A live run moves events by
+    milliseconds (send lag, the relay), by tens of milliseconds under load, and by a whole
+    prefill step where the engines batch differently: the simserver prefills together the
+    requests that reach it in one turn of its event loop (a replica's four second turns,
+    which arrive at one instant, about half the time), the twin's engine starts a step for
+    the first and the other three wait for the next (110 ms later). So the trace keeps two
+    margins, asserted on the twin below:
+    - each burst meets an idle fleet (with 3 s between bursts, as this test had, a burst's
+      queued requests went to whichever replica's second turns ended first: 8 ms apart in
+      the twin, either way by up to 110 ms live; 5 of 8 runs failed);
+    - the queued ones are shed well before the first slot frees.
+    Sessions are 20 ms apart because the gateway can take two requests sent within about
+    10 ms of each other in either order under load (measured: overtakes of 9 and 11 ms with
+    both cores busy); which of two same-instant sessions gets the last slot is not something
+    a wall-clock run can reproduce. A swap of that kind shows in `arrival_swaps`.
 
     A Poisson trace at sustained overload is not a fair version of this check: there the twin
     itself changes 1-10% of its decisions when the hop moves by half a millisecond
@@ -80,17 +119,22 @@ def test_the_same_trace_gets_the_same_replicas_and_decisions(tmp_path: Path) -> 
     match."""
     wcfg = WorkloadConfig(system_prompt_tokens=256, lengths=LengthSpec("fixed", 64, 32),
                           turns=2, think_time_s=0.5, think_dist="fixed")
-    duration = 18.0
-    times = [2.0 + b * 3.0 + i * 0.004 for b in range(6) for i in range(20)]
+    duration = NUM_BURSTS * BURST_PERIOD_S
+    starts = [2.0 + b * BURST_PERIOD_S for b in range(NUM_BURSTS)]
+    times = [t + i * SESSION_GAP_S for t in starts for i in range(SESSIONS_PER_BURST)]
     res = run_fleet_parity(SPEC, wcfg, OpenLoad(len(times) / duration),
                            FLEET, duration_s=duration, warmup_s=2.0, seed=1,
                            trace=tmp_path / "t.jsonl", arrival_times=times)
+    # the trace's margins, in the twin (deterministic): what lets the live run agree
+    idle, spare = burst_margins(res.twin_records, starts,
+                                FLEET.ttft_budget_s - FLEET.prefill_reserve_s)
+    assert idle >= 0.5 and spare >= 0.3, (idle, spare)
     assert len(res.common()) >= 130
-    assert res.decision_agreement() >= 0.99
+    assert res.decision_agreement() >= 0.99, res.arrival_swaps()
     sheds = sum(1 for k in res.common() if res.live[k][0] == "shed")
     assert sheds >= 50  # the trace does overload the fleet
     same, both = res.same_session_replica()
-    assert both >= 30 and same == both
+    assert both >= 30 and same == both, res.arrival_swaps()
     twin, live = res.session_replicas(res.twin), res.session_replicas(res.live)
     assert {s: twin[s] for s in set(twin) & set(live)} == {s: live[s] for s in
                                                             set(twin) & set(live)}

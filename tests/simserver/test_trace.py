@@ -73,3 +73,33 @@ def test_trace_file_after_the_server_stops(tmp_path: Path) -> None:
     steps = [s for s in rows if s["type"] == "step"]
     decoded = sum(s["decode_tokens"] for s in steps)
     assert decoded == (12 - 1) + (20 - 1)
+
+
+def test_a_replica_held_up_by_its_host_says_how_much_model_time_it_lost(tmp_path: Path) -> None:
+    """More than 50 ms (wall) behind, a replica starts its next step from the present: the
+    model time in between is lost, and a "resync" row says how much (the parity checks read
+    it to tell a run the host kept up with from one it did not)."""
+    import threading
+    import time
+
+    path = tmp_path / "trace.jsonl"
+    scale = 20.0
+    with serve_in_thread(config(trace=path, time_scale=scale)) as srv:
+        done = threading.Event()
+
+        def long_request() -> None:
+            post(srv.urls[0], "/v1/completions", {"prompt": "hello", "max_tokens": 400,
+                                                  "ignore_eos": True, "rid": "long"})
+            done.set()
+
+        threading.Thread(target=long_request, daemon=True).start()
+        rep = srv.replicas[0]
+        assert rep._task is not None
+        time.sleep(0.2)  # decoding by now (400 tokens take about 1 s of wall time)
+        rep._task.get_loop().call_soon_threadsafe(time.sleep, 0.25)  # the host holds it up
+        assert done.wait(HTTP_TIMEOUT)
+    rows = read_trace(path)
+    lost = [r for r in rows if r["type"] == "resync"]
+    assert lost, "no resync row"
+    assert all(r["replica"] == "replica-0" and r["lost_s"] > 0 for r in lost)
+    assert 0.2 * scale <= sum(r["lost_s"] for r in lost) <= 1.0 * scale

@@ -91,7 +91,7 @@ def test_decode_runs_give_what_single_steps_give_with_the_thermal_model_and_a_sh
     those of single steps."""
     spec = engine("bf16", engine_model=model, thermal=thermal)
     wcfg = WorkloadConfig(lengths=MIXED)
-    load = {"mode": "closed", "concurrency": 24}
+    load = ClosedLoad(24)
 
     def point() -> tuple[PointRun, list[StepRow]]:
         run = run_point(spec, wcfg, load, duration_s=240.0, warmup_s=10.0, drain_s=drain_s,
@@ -109,7 +109,7 @@ def test_decode_runs_give_what_single_steps_give_with_the_thermal_model_and_a_sh
     assert fast_log == slow_log
     assert fast.point == slow.point
     if thermal:
-        assert fast.point["gpu"]["thermal_slowdown_share"] > 0
+        assert fast.point.gpu.thermal_slowdown_share > 0
     if drain_s < 60:
         assert any(r.outcome == "timeout" and r.token_times for r in fast.records)
 

@@ -27,6 +27,13 @@ from chatfleet.gateway.upstream import Pool
 
 log = logging.getLogger("chatfleet.gateway")
 
+# uvloop's clock (loop.time()) reads whole milliseconds, and its timers round their delay to
+# the millisecond. The core sheds a queued request when now > deadline, so the first reading
+# that can be past a deadline is one tick after it: a deadline timer armed any closer fires
+# while the clock still reads the deadline's own millisecond, finds nothing expired and arms
+# again 0 ms away, spinning until the clock moves (hundreds of calls a deadline, measured).
+CLOCK_TICK_S = 0.001
+
 
 @dataclass(slots=True)
 class LiveReplica:
@@ -301,7 +308,7 @@ class LiveFleet:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = nxt
-        self._timer = self.loop.call_at(nxt + 1e-4, self._expire)
+        self._timer = self.loop.call_at(nxt + CLOCK_TICK_S, self._expire)
 
     def _expire(self) -> None:
         self._timer, self._timer_at = None, None

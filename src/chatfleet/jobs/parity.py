@@ -4,8 +4,10 @@ and through the simserver in wall-clock time, compared in model time."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.fleet.fleet import FleetTrace, replay
 from chatfleet.core.measure.percentiles import percentiles
 from chatfleet.core.measure.point import summarize_point
+from chatfleet.core.records import RequestRecord
 from chatfleet.core.slo import SLO
 from chatfleet.core.workload import ClosedLoop, Workload, WorkloadConfig, driver_for
 from chatfleet.gateway.app import Gateway
@@ -37,6 +40,20 @@ class ParityResult:
     live_engine: EngineBlock
     emission_lag_ms: dict[str, float]
     drive: DriveResult
+    model_time_lost_s: float = 0.0  # lost by the simserver to its host, up to the window's end
+    time_scale: float = 1.0
+
+    def host_kept_up(self, max_lag_model_ms: float = 100.0) -> bool:
+        """Whether the host delivered on time, so that the live side's model-time figures
+        measure the model and not the machine: the simserver's emission lag and the client's
+        event-loop lag within `max_lag_model_ms` at their p99, in model time (a host delay of
+        d wall seconds costs d x time_scale model seconds; 100 ms is a tenth of the TTFT
+        target, 10 ms of wall time at time scale 10). The model time a held-up replica lost
+        is not part of it: `run_parity` takes those stalls out of the live side's clock."""
+        lags = self.drive.loop_lag_ms
+        loop_p99 = percentiles(lags, (99.0,))["p99"] if lags else 0.0
+        emission_p99 = self.emission_lag_ms.get("p99", 0.0)
+        return max(loop_p99, emission_p99) * self.time_scale <= max_lag_model_ms
 
 
 def engine_from_trace(path: Path, start: float, end: float) -> EngineBlock:
@@ -60,6 +77,35 @@ def emission_lag(path: Path, scale: float) -> dict[str, float]:
     return {"p50": q["p50"], "p99": q["p99"], "max": max(lags), "n": len(lags)}
 
 
+def host_stalls(path: Path) -> list[tuple[float, float]]:
+    """The model-time intervals in which the simserver lost its model's timeline to its host:
+    a replica more than 50 ms (wall) behind starts its next step from the present, and the
+    trace's "resync" row says from when (`t`) and how much time that skipped (`lost_s`)."""
+    rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+    return [(r["t"] - r["lost_s"], r["t"]) for r in rows if r["type"] == "resync"]
+
+
+def without_stalls(t: float, stalls: list[tuple[float, float]]) -> float:
+    """`t` on a clock that stops during the stalls."""
+    return t - sum(max(0.0, min(t, end) - start) for start, end in stalls)
+
+
+def records_without_stalls(records: list[RequestRecord],
+                           stalls: list[tuple[float, float]]) -> list[RequestRecord]:
+    """The records with every time on a clock that stopped while the host held the engine up
+    (for a single replica: its stalls are the engine's)."""
+    if not stalls:
+        return records
+
+    def at(t: float) -> float:
+        return without_stalls(t, stalls)
+
+    return [dataclasses.replace(
+        r, scheduled_time=at(r.scheduled_time), send_time=at(r.send_time),
+        first_token_time=None if r.first_token_time is None else at(r.first_token_time),
+        token_times=[at(float(t)) for t in r.token_times]) for r in records]
+
+
 def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s: float,
                warmup_s: float, seed: int, time_scale: float, trace: Path) -> ParityResult:
     load = ClosedLoad(users)
@@ -75,10 +121,16 @@ def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s
                                    session=session)
 
         res = asyncio.run(main())
-    live = summarize_point(res.records, load=load, window=(warmup_s, end), slo=SLO(),
-                           seed=seed, flushed=True, time_scale=time_scale)
+    # where the host held the engine up, the model lost time the twin never loses: the live
+    # side is read on a clock that stopped meanwhile (the trace says exactly when)
+    stalls = [s for s in host_stalls(trace) if s[0] < end]
+    window = (without_stalls(warmup_s, stalls), without_stalls(end, stalls))
+    live = summarize_point(records_without_stalls(res.records, stalls), load=load,
+                           window=window, slo=SLO(), seed=seed, flushed=True,
+                           time_scale=time_scale)
     return ParityResult(twin.point, live, engine_from_trace(trace, warmup_s, end),
-                        emission_lag(trace, time_scale), res)
+                        emission_lag(trace, time_scale), res,
+                        sum(b - a for a, b in stalls), time_scale)
 
 
 # --- the fleet: twin (core/fleet in virtual time) against gateway + simservers (wall clock) ---
@@ -100,6 +152,7 @@ class FleetParity:
     drive: DriveResult
     twin_records: list[Any]
     replay_agreement: float  # the gateway's traced core calls replayed: same decisions
+    offer_order: list[str] = field(default_factory=list)  # request ids, as the gateway took them
 
     def common(self) -> list[str]:
         return sorted(set(self.twin) & set(self.live))
@@ -129,6 +182,17 @@ class FleetParity:
             agree += len(group) - abs(a - b)
             i = j
         return agree / len(ids) if ids else 0.0
+
+    def arrival_swaps(self) -> list[tuple[str, str]]:
+        """Neighbours the gateway took in the other order than they were scheduled, as
+        (scheduled first, taken first) keys: the live fleet then got another trace than the
+        twin. Each request has its own connection, and the client, the gateway and the
+        engines share one process (and its GIL): under load, two requests sent a few
+        milliseconds apart can reach the gateway's core in either order."""
+        recs = {r.request_id: r for r in self.drive.records}
+        order = [recs[rid] for rid in self.offer_order if rid in recs]
+        return [(self._key_of(b), self._key_of(a)) for a, b in itertools.pairwise(order)
+                if b.scheduled_time < a.scheduled_time]
 
     @staticmethod
     def _key_of(rec: Any) -> str:
@@ -240,5 +304,6 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
     logged = [(row.request_id, row.outcome, row.replica) for row in log.rows]
     same = sum(1 for a, b in zip(replayed, logged, strict=False) if a == b)
     replay_agreement = same / max(len(replayed), len(logged), 1)
+    offer_order = [args[0].request_id for _, name, args, _ in calls.calls if name == "offer"]
     return FleetParity(twin, live, twin_point, live_point, max_in_flight_from_trace(trace), res,
-                       twin_records, replay_agreement)
+                       twin_records, replay_agreement, offer_order)

@@ -153,7 +153,8 @@ class ReplicaApp:
         if isinstance(req.prompt, str):
             prompt = await self._encode(req.prompt)
         else:
-            if any(t < 0 or t >= self.tok.vocab_size for t in req.prompt):
+            num_ids = self.tok.vocab_size  # read once: each read asks the Rust tokenizer
+            if any(t < 0 or t >= num_ids for t in req.prompt):
                 raise BadRequest("prompt token ids must be in the vocabulary", "prompt")
             prompt = list(req.prompt)
         if not prompt:

@@ -221,8 +221,12 @@ class Replica:
             # bookkeeping) does not stretch model time. If the server falls more than
             # RESYNC_WALL_S behind, it starts from the present instead (and the trace shows it).
             now = self.model_now()
-            if last_end is not None and (now - last_end) / self.time_scale < RESYNC_WALL_S:
-                now = last_end
+            if last_end is not None:
+                if (now - last_end) / self.time_scale < RESYNC_WALL_S:
+                    now = last_end
+                elif self.trace is not None:  # the model time this replica lost to its host
+                    self.trace.write({"type": "resync", "replica": self.name, "t": now,
+                                      "lost_s": now - last_end})
             step = self.sched.schedule(now)
             if step is None:  # nothing admissible and nothing running: wait for a change
                 self._wake.clear()
