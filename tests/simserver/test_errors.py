@@ -281,12 +281,14 @@ def test_a_malformed_4_mib_request_is_logged_in_one_short_line(
 
     host, port = url.removeprefix("http://").split(":")
     junk = b"x" * (4 << 20)
-    with socket.create_connection((host, int(port)), timeout=HTTP_TIMEOUT) as s:
+    # the server answers the junk's "request line" with a 400 and closes, possibly before all
+    # of it is sent: a reset while sending or reading is part of the exchange, not a failure
+    with socket.create_connection((host, int(port)), timeout=HTTP_TIMEOUT) as s, \
+            contextlib.suppress(OSError):
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
                   b"{}" + junk)
-        with contextlib.suppress(OSError):
-            while s.recv(1 << 20):
-                pass
+        while s.recv(1 << 20):
+            pass
     assert wait_for(lambda: any(r.name == "aiohttp.server" for r in caplog.records))
     logged = [r for r in caplog.records if r.name.startswith(("aiohttp", "chatfleet"))]
     assert logged
