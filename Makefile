@@ -38,8 +38,9 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Two pytest-xdist workers (tests/conftest.py keeps the reliability suite on one of them).
 test: lint system-deps
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/twin_speed.py

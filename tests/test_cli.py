@@ -452,3 +452,12 @@ def test_each_flag_default_is_read_from_its_one_home() -> None:
     for run in (live, twin):
         assert (run.duration_s, run.warmup_s, run.seed) == (
             defaults.DURATION_S, defaults.WARMUP_S, defaults.SEED)
+
+
+def test_an_error_is_one_line_however_long_its_path(tmp_path: Path) -> None:
+    """The console is 80 columns wide when stderr is not a terminal: a long path was wrapped,
+    sometimes at the comma after it ('t.jsonl\\n, line 2'), and the error took three lines."""
+    missing = tmp_path / ("x" * 150) / "t.jsonl"
+    res = runner.invoke(app, ["cache", "--trace", str(missing)])
+    assert res.exit_code == 2
+    assert res.output.count("\n") == 1 and str(missing) in res.output, res.output

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperCommand
 
 from chatfleet.core.errors import ChatfleetError
@@ -74,7 +75,9 @@ class Command(TyperCommand):
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    console.print(f"[bold red]error:[/] {message}")
+    """One line on stderr, never wrapped (a long path stays whole, for the terminal to wrap
+    and the user to copy) and never read as markup (a message may quote brackets)."""
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -1,0 +1,22 @@
+"""Suite-wide collection rules.
+
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`). The
+reliability suite's checks run one after another on one worker, as they do alone: each starts
+its own Redis, replicas and gateways and pushes them to 10x overload, and its report
+(out/reliability.json) is the rows of one session. Every other test may run beside any other,
+so the wall-clock checks (parity, overload, sweeps) hold with the rest of the suite beside them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+RELIABILITY = Path(__file__).parent / "reliability"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if RELIABILITY in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.xdist_group("reliability"))
