@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import drive
 from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, Shaped
-from chatfleet.bench.text_pool import TextPool
+from chatfleet.bench.text_pool import PARENT_CHECK_S, TextPool
 from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -220,3 +222,52 @@ def test_a_chat_sweep_builds_its_prompts_in_the_pool(tmp_path: Path,
     shaped = sweep._payload
     assert isinstance(shaped, Shaped) and isinstance(shaped.inner, ChatPayload)
     assert shaped.inner.pool is None
+
+
+@pytest.mark.timeout(120)
+def test_a_pools_workers_exit_when_their_harness_is_killed() -> None:
+    """A sweep killed by SIGKILL cannot close its pool: its workers, which hold both ends of
+    their call queue's pipe and so never read an end of file, stayed alive with the tokenizer
+    loaded (137 MiB each, two per killed sweep). They watch their parent instead."""
+    code = ("import sys\n"
+            "from chatfleet.bench.text_pool import TextPool\n"
+            "pool = TextPool(workers=2)\n"
+            "pool.start()\n"
+            "print('started', flush=True)\n"
+            "sys.stdin.read()\n")
+    harness = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert harness.stdout is not None
+        assert harness.stdout.readline().strip() == "started"
+        pids = children(harness.pid)
+        assert len(pids) >= 2 and all(alive(p) for p in pids), pids
+    finally:
+        harness.kill()
+        harness.wait(timeout=30)
+    deadline = time.monotonic() + 10 * PARENT_CHECK_S + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids), pids
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

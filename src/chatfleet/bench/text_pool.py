@@ -18,6 +18,8 @@ import asyncio
 import concurrent.futures
 import multiprocessing
 import os
+import threading
+import time
 from concurrent.futures.process import BrokenProcessPool
 
 from chatfleet.data.exact_tokens import text_of_exact_tokens
@@ -29,8 +31,22 @@ START_TIMEOUT_S = 120.0
 _tok = None  # the worker's tokenizer, loaded by _init
 
 
-def _init(directory: str | None) -> None:
+PARENT_CHECK_S = 1.0
+
+
+def _exit_with(parent: int) -> None:
+    """Exit when the process that started this worker is gone. A worker holds both ends of
+    its call queue's pipe, so a parent killed by SIGKILL never shows it an end of file: it
+    would wait, with its tokenizer loaded, until the machine restarts."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
+
+
+def _init(directory: str | None, parent: int) -> None:
     global _tok
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True,
+                     name="parent-watch").start()
     _tok = load_qwen_tokenizer(directory)
     _tok.filler_words  # noqa: B018 (built once per worker, before the first text)
 
@@ -70,7 +86,7 @@ class TextPool:
             return
         ex = concurrent.futures.ProcessPoolExecutor(
             max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init, initargs=(self.tokenizer_dir,))
+            initializer=_init, initargs=(self.tokenizer_dir, os.getpid()))
         # one call per worker at once: the executor spawns a process for each call that finds
         # no idle worker, and each runs the initializer before it answers
         calls = [ex.submit(_build, 1, 0) for _ in range(self.workers)]
