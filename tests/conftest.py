@@ -18,5 +18,5 @@ RELIABILITY = Path(__file__).parent / "reliability"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if RELIABILITY in Path(str(item.fspath)).parents:
+        if RELIABILITY in item.path.parents:
             item.add_marker(pytest.mark.xdist_group("reliability"))
