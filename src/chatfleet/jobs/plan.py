@@ -11,7 +11,10 @@ files and builds the commands.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ from chatfleet.core.documents.sweep import (
     Load,
     OpenLoad,
     SweepDoc,
+    SweepPoint,
 )
 from chatfleet.core.engine.build import EngineSpec, thermal_profile_of
 from chatfleet.core.engine.thermal import cooling_need
@@ -57,7 +61,7 @@ from chatfleet.core.plan import (
 )
 from chatfleet.core.slo import SLO
 from chatfleet.core.specs import GIB, GPU, HF_MODEL_IDS, Model, precision
-from chatfleet.core.workload import SessionProfile
+from chatfleet.core.workload import SessionProfile, WorkloadConfig
 from chatfleet.engines import SGLangAdapter, VLLMAdapter
 from chatfleet.engines.base import LaunchCommand
 from chatfleet.gateway.config import parse_config
@@ -192,27 +196,67 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
     fleet = FleetConfig(replicas=k, cap=fig.gateway_cap, queue_depth=queue_depth,
                         ttft_budget_s=budget, hop_s=MEASURED_HOP_S,
                         prefill_reserve_s=prefill_reserve_s(fig, budget))
-    runs: list[DoublingRun] = []
+    labelled: list[tuple[str, FleetRun]] = []
     for traffic, factor in (("target", 1), ("doubled", 2)):
         users = max(1, round(req.users * factor * k / replicas))
         for thermal in (False, True):
             spec = engine_spec(req, fig.weights, fig.kv_cache, thermal=thermal,
                                max_running_requests=fig.gateway_cap)
-            p = run_fleet_point(spec, req.profile.workload(), ClosedLoad(users), fleet,
-                                duration_s=req.doubling_hours * 3600.0, warmup_s=60.0,
-                                seed=req.seed + 1000 + factor, slo=req.slo).point
-            assert p.fleet is not None and p.fleet.max_in_flight is not None
-            r = p.requests
-            runs.append(DoublingRun(
-                traffic=traffic, thermal_model=thermal, users_simulated=users, requests=r,
-                shed_share=round(r.shed / max(1, r.offered), 4), attainment=p.attainment,
-                admitted_attainment=p.admitted_attainment,
-                goodput_rps_per_replica=round(p.goodput_rps / k, 4),
-                ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, gateway_queue_max=p.fleet.max_queue,
-                max_in_flight=p.fleet.max_in_flight, gpu=p.gpu,
-                cooling=cooling_block(spec, runs[-1].gpu, p.gpu) if thermal else None))
+            labelled.append((traffic, FleetRun(
+                spec, req.profile.workload(), ClosedLoad(users), fleet,
+                duration_s=req.doubling_hours * 3600.0, seed=req.seed + 1000 + factor,
+                slo=req.slo)))
+    points = run_fleet_runs([run for _, run in labelled])
+    runs: list[DoublingRun] = []
+    for (traffic, run), p in zip(labelled, points, strict=True):
+        assert p.fleet is not None and p.fleet.max_in_flight is not None
+        r = p.requests
+        runs.append(DoublingRun(
+            traffic=traffic, thermal_model=run.spec.thermal,
+            users_simulated=int(run.load.value), requests=r,
+            shed_share=round(r.shed / max(1, r.offered), 4), attainment=p.attainment,
+            admitted_attainment=p.admitted_attainment,
+            goodput_rps_per_replica=round(p.goodput_rps / k, 4),
+            ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, gateway_queue_max=p.fleet.max_queue,
+            max_in_flight=p.fleet.max_in_flight, gpu=p.gpu,
+            cooling=(cooling_block(run.spec, runs[-1].gpu, p.gpu) if run.spec.thermal
+                     else None)))
     return Doubling(hours=req.doubling_hours, users=req.users, doubled_users=2 * req.users,
                     replicas=replicas, replicas_simulated=k, runs=tuple(runs))
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRun:
+    """One fleet run of the doubled-traffic hour, as a worker process receives it."""
+
+    spec: EngineSpec
+    wcfg: WorkloadConfig
+    load: Load
+    fleet: FleetConfig
+    duration_s: float = field(kw_only=True)
+    seed: int = field(kw_only=True)
+    slo: SLO = field(kw_only=True)
+
+    def point(self) -> SweepPoint:
+        return run_fleet_point(self.spec, self.wcfg, self.load, self.fleet,
+                               duration_s=self.duration_s, warmup_s=60.0, seed=self.seed,
+                               slo=self.slo).point
+
+
+def _point_of(run: FleetRun) -> SweepPoint:
+    return run.point()
+
+
+def run_fleet_runs(runs: list[FleetRun]) -> list[SweepPoint]:
+    """The runs' points, in order. Each run is its own seeded simulation, so they run at once
+    in spawned worker processes, one per core up to one per run (spawned, not forked: the
+    CLI's progress bar runs a thread), and give the same points as one after another here,
+    which is what a one-core machine does."""
+    workers = min(len(runs), os.cpu_count() or 1)
+    if workers < 2:
+        return [r.point() for r in runs]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        return list(ex.map(_point_of, runs))
 
 
 def cooling_block(spec: EngineSpec, cool: GpuBlock, hot: GpuBlock) -> Cooling:
