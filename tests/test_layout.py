@@ -24,8 +24,6 @@ from chatfleet.cli.app import COMMANDS, LazyGroup
 SRC = Path(__file__).resolve().parents[1] / "src" / "chatfleet"
 MAX_FUNCTION_IMPORTS = 10
 MAX_LINES = 600
-# Modules over the limit that issue 15's other parts split (core/metrics.py into measure/).
-KNOWN_LARGE = {"core/metrics.py"}
 
 
 def sources() -> list[Path]:
@@ -129,7 +127,7 @@ def test_the_cycle_finder_finds_a_cycle_and_nothing_else() -> None:
 def test_no_source_module_over_600_lines() -> None:
     large = {str(p.relative_to(SRC)): n for p in sources()
              if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
-    assert {p: n for p, n in large.items() if p not in KNOWN_LARGE} == {}
+    assert large == {}
 
 
 def test_help_lists_every_command_without_importing_one() -> None:
