@@ -4,7 +4,6 @@ precision, the caps, the fleet, doubled traffic, launch commands, the gateway co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.table import Table
@@ -24,6 +23,7 @@ from chatfleet.cli.common import (
 from chatfleet.cli.options import MAX_PLAN_USERS, read_sweep_file
 from chatfleet.cli.render import gateway_yaml, pool_table, print_answer
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
+from chatfleet.core.documents.load import load_from_json
 from chatfleet.core.memory import REQUEST_TOKENS, plan_pool, plan_vllm_pool
 from chatfleet.core.slo import SLO
 from chatfleet.core.workload import LengthSpec, SessionProfile
@@ -160,6 +160,9 @@ def check_plan_sweep(path: Path) -> None:
     if not all(isinstance(target.get(k), str) for k in ("weights", "kv_cache")):
         fail(f"{where}: target.weights and target.kv_cache are needed to know which precision "
              "the sweep measured")
+    # read_sweep_file checked every point's load: the typed loads of the valid points
+    valid = [load_from_json(p["load"], f"{where}, point {i}")
+             for i, p in enumerate(doc["points"]) if p.get("valid", True)]
     for key, mode in (("knee", "closed"), ("knee_rate", "open")):
         knee = doc.get(key)
         if knee is None:
@@ -168,16 +171,8 @@ def check_plan_sweep(path: Path) -> None:
         if not isinstance(knee, dict) or (meets is not None and number(meets) is None):
             fail(f"{where}: {key} must be an object {{'meets': number or null, 'fails': ...}}")
         if meets is not None and not any(
-                p.get("valid", True) and _raw_load(p, mode) == meets for p in doc["points"]):
+                load.mode == mode and load.value == meets for load in valid):
             fail(f"{where}: {key}.meets {meets} is not one of its valid {mode}-loop points")
-
-
-def _raw_load(point: Any, mode: str) -> float | None:
-    """A raw point's load value in `mode` (users or rate), or None for another mode or none."""
-    load = point.get("load") if isinstance(point, dict) else None
-    if not isinstance(load, dict) or load.get("mode") != mode:
-        return None
-    return number(load.get("concurrency" if mode == "closed" else "rate_rps"))
 
 
 def check_plan_accuracy(path: Path) -> None:
