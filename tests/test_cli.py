@@ -361,16 +361,16 @@ def test_a_live_sweep_of_a_server_that_is_not_an_engine_is_refused_before_it_run
     assert not (tmp_path / "s" / "runs.jsonl").exists()
 
 
-def test_clean_errors_turns_a_path_the_user_gave_into_one_line() -> None:
+def test_clean_errors_turns_a_path_the_user_gave_into_one_line(tmp_path: Path) -> None:
     """An OSError about a file (a folder given as a file, a file in the path) is the user's
     input; one without a file name (a socket's) is not, and keeps its traceback."""
     import typer
 
     from chatfleet.cli.common import clean_errors
 
-    for exc in (IsADirectoryError(21, "Is a directory", "/tmp/x"),
-                NotADirectoryError(20, "Not a directory", "/etc/hosts/x"),
-                PermissionError(13, "Permission denied", "/root/x")):
+    for exc in (IsADirectoryError(21, "Is a directory", str(tmp_path)),
+                NotADirectoryError(20, "Not a directory", str(tmp_path / "file" / "x")),
+                PermissionError(13, "Permission denied", str(tmp_path / "theirs"))):
         with pytest.raises(typer.Exit) as exit_info, clean_errors():
             raise exc
         assert exit_info.value.exit_code == 2
