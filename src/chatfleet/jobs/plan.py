@@ -243,10 +243,6 @@ class FleetRun:
                                slo=self.slo).point
 
 
-def _point_of(run: FleetRun) -> SweepPoint:
-    return run.point()
-
-
 def run_fleet_runs(runs: list[FleetRun]) -> list[SweepPoint]:
     """The runs' points, in order. Each run is its own seeded simulation, so they run at once
     in spawned worker processes, one per core up to one per run (spawned, not forked: the
@@ -256,7 +252,7 @@ def run_fleet_runs(runs: list[FleetRun]) -> list[SweepPoint]:
     if workers < 2:
         return [r.point() for r in runs]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-        return list(ex.map(_point_of, runs))
+        return list(ex.map(FleetRun.point, runs))
 
 
 def cooling_block(spec: EngineSpec, cool: GpuBlock, hot: GpuBlock) -> Cooling:
