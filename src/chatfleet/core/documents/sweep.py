@@ -329,9 +329,6 @@ class SweepDoc:
         "schema", "target", "workload", "slo", "points", "knee", "knee_rate", "throughput_peak",
         "recommended_cap", "cap_margin")
 
-    def points_of(self, mode: Mode) -> list[SweepPoint]:
-        return [p for p in self.points if p.load.mode == mode]
-
     def has_mode(self, mode: Mode) -> bool:
         return any(p.load.mode == mode for p in self.points)
 
