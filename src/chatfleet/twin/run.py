@@ -287,8 +287,10 @@ def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
     core/calibration.ThermalProfile). `slowdown_after_s`: the end of the first throttled step,
     from the start of the run. Sums run in step order (the replicas' logs one after another)."""
     profile = thermal_profile_of(spec)
-    log = StepLog() if len(scheds) != 1 else scheds[0].log
-    if len(scheds) != 1:
+    if len(scheds) == 1:
+        log = scheds[0].log
+    else:  # the replicas' logs one after another
+        log = StepLog()
         for s in scheds:
             log.extend(s.log)
     idx, w = step_weights(log, start, end)
