@@ -72,11 +72,16 @@ def main() -> None:
             child(src, PLAN)
             plan[k].append(time.perf_counter() - t)
     for k in srcs:
-        print(f"{k}: 600-s point beyond a 6-s one {statistics.median(beyond[k]) * 1000:.1f} ms "
-              f"(n={len(beyond[k])}); plan --users 200 {statistics.median(plan[k]):.2f} s")
-    point_ratio = statistics.median(beyond["new"]) / statistics.median(beyond["old"])
-    plan_ratio = statistics.median(plan["new"]) / statistics.median(plan["old"])
-    print(f"new / old: point {point_ratio:.2f}, plan {plan_ratio:.2f}; "
+        line = f"{k}:"
+        if beyond[k]:
+            line += (f" 600-s point beyond a 6-s one {statistics.median(beyond[k]) * 1000:.1f} ms"
+                     f" (n={len(beyond[k])})")
+        if plan[k]:
+            line += f" plan --users 200 {statistics.median(plan[k]):.2f} s (n={len(plan[k])})"
+        print(line)
+    ratios = [f"{name} {statistics.median(runs['new']) / statistics.median(runs['old']):.2f}"
+              for name, runs in (("point", beyond), ("plan", plan)) if runs["new"]]
+    print(f"new / old: {', '.join(ratios)}; "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 
