@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 OUT ?= out
 
-.PHONY: demo test lint install clean bench system-deps
+.PHONY: demo test lint install native clean bench system-deps
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +17,14 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) native
 
-demo: $(STAMP)
+# The twin's hot core compiled with mypyc (tools/build_native.py; about a minute, and again
+# whenever one of its sources changed; until then chatfleet runs those modules as Python).
+native: $(STAMP)
+	@$(BIN)/python tools/build_native.py --if-stale
+
+demo: install
 	$(BIN)/chatfleet demo --out $(OUT)/demo
 
 # Debian packages the tests use: chromium (the report's rendering test), redis-server (the
@@ -39,11 +44,12 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # Two pytest-xdist workers (tests/conftest.py keeps the reliability suite on one of them).
-test: lint system-deps
+test: lint system-deps native
 	$(BIN)/pytest -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/twin_speed.py
 
 clean:
-	rm -rf $(VENV) $(OUT)
+	[ ! -x $(BIN)/python ] || $(BIN)/python tools/build_native.py --clean
+	rm -rf $(VENV) $(OUT) build

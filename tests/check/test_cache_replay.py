@@ -105,24 +105,18 @@ def test_a_turn_waits_for_its_previous_turn_and_for_room() -> None:
     assert summarize(res).holds is False
 
 
-def test_the_replay_drives_the_engine_radix_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: dict[str, int] = {"match": 0, "evict": 0, "insert_below": 0, "lock": 0}
-    for name, key in (("match_prefix", "match"), ("evict", "evict"),
-                      ("insert_below", "insert_below"), ("inc_lock_ref", "lock")):
-        orig = getattr(RadixCache, name)
-
-        def spy(self: RadixCache, *a: object, _orig: object = orig, _k: str = key,
-                **kw: object) -> object:
-            calls[_k] += 1
-            return _orig(self, *a, **kw)  # type: ignore[operator]
-
-        monkeypatch.setattr(RadixCache, name, spy)
+def test_the_replay_drives_the_engine_radix_cache() -> None:
+    """The replay's cache is the scheduler's own radix tree, and the scheduler's own counters
+    show it admitted, inserted, evicted and unlocked there (counters, not spies on its methods:
+    the compiled engine calls them directly, chatfleet/_native.py)."""
     r = Replay(two_sessions(), CacheConfig(30), L4)
     assert type(r.tree) is RadixCache
     assert type(r.scheduler) is Scheduler and r.tree is r.scheduler.tree
-    r.run()
-    assert calls["match"] >= 3 and calls["evict"] >= 1
-    assert calls["insert_below"] >= 3 and calls["lock"] >= 3
+    res = r.run()
+    input_tokens, _ = r.scheduler.prefix_cache_counters()
+    assert input_tokens > 0  # prompts admitted (each matched against the tree first)
+    assert r.tree.total_size() > 0  # finished turns were inserted
+    assert r.tree.num_evicted_tokens >= 1 and res.evicted_tokens == r.tree.num_evicted_tokens
     assert r.tree.protected_size() == 0  # every lock was released
     assert r.pool.num_request_tokens == 0
 

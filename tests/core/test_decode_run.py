@@ -6,7 +6,7 @@ from chatfleet.core.calibration import thermal_profile
 from chatfleet.core.engine.decode_run import advance_thermal, run_ends
 from chatfleet.core.engine.step import Step
 from chatfleet.core.engine.steplog import KINDS, NO_THERMAL, StepLog, StepRow
-from chatfleet.core.engine.thermal import ThermalState
+from chatfleet.core.engine.thermal import STATE_FIELDS, ThermalState
 from chatfleet.core.specs import get_gpu
 
 
@@ -47,8 +47,8 @@ def test_with_the_thermal_model_each_step_runs_at_the_clock_the_last_one_left() 
     start = hot.copy()
     ends = run_ends(eighth, 8, 1000, 10.0, 40, 1e9, hot)
     # the state handed in is not moved; single steps, one by one, give the same times
-    assert [getattr(hot, k) for k in ThermalState.__slots__] == [
-        getattr(start, k) for k in ThermalState.__slots__]
+    assert [getattr(hot, k) for k in STATE_FIELDS] == [
+        getattr(start, k) for k in STATE_FIELDS]
     single, t = [], 10.0
     for _ in range(40):
         t += eighth(8, 0, start.sm_factor, start.mem_factor)

@@ -25,7 +25,7 @@ from chatfleet.core.calibration import (
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler, SchedulerConfig
 from chatfleet.core.engine.step_time import StepTimeModel
-from chatfleet.core.engine.thermal import ThermalState, cooling_need
+from chatfleet.core.engine.thermal import STATE_FIELDS, ThermalState, cooling_need
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 
 L4 = get_gpu("l4")
@@ -327,8 +327,8 @@ def test_a_copy_moves_on_its_own() -> None:
     state = ThermalState(PROFILE)
     run(state, 300, 1.0)
     ahead = state.copy()
-    assert [getattr(ahead, k) for k in ThermalState.__slots__] == [
-        getattr(state, k) for k in ThermalState.__slots__]
+    assert [getattr(ahead, k) for k in STATE_FIELDS] == [
+        getattr(state, k) for k in STATE_FIELDS]
     before = state.temp_c
     run(ahead, 600, 0.0)
     assert state.temp_c == before and ahead.temp_c < before

@@ -156,7 +156,10 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
+        from chatfleet import NATIVE
+
         print(f"chatfleet {__version__}")
+        print(f"twin core: {'compiled (mypyc)' if NATIVE.compiled else 'Python: ' + NATIVE.reason}")
         raise typer.Exit()
 
 

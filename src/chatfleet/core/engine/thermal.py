@@ -21,18 +21,25 @@ calibration runs (the twin and simserver take `--thermal` to switch it on).
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from mypy_extensions import mypyc_attr
 
 from chatfleet.core.calibration import ThermalProfile
 
 PHASES = ("prefill", "decode", "mixed")
 
 
+# a ThermalState's whole state (what `copy` duplicates, what tests compare)
+STATE_FIELDS = ("_excess_sum", "_hold_w", "_next_mhz", "_phase_w", "_weight_sum", "holding",
+                "mem_factor", "power_w", "profile", "slowdown", "sm_factor", "sm_mhz", "temp_c")
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # a test pins the clock with a subclass
 class ThermalState:
-    __slots__ = ("_excess_sum", "_hold_w", "_next_mhz", "_phase_w", "_weight_sum", "holding",
-                 "mem_factor", "power_w", "profile", "slowdown", "sm_factor", "sm_mhz",
-                 "temp_c")
+    __slots__ = STATE_FIELDS
 
     def __init__(self, profile: ThermalProfile, temp_c: float | None = None) -> None:
         self.profile = profile
@@ -53,12 +60,7 @@ class ThermalState:
 
     def copy(self) -> ThermalState:
         """An independent state, equal to this one (a decode run looks ahead with it)."""
-        cls = type(self)
-        twin = cls.__new__(cls)
-        for name in ThermalState.__slots__:
-            setattr(twin, name, getattr(self, name))
-        if hasattr(self, "__dict__"):  # a subclass's own attributes
-            twin.__dict__.update(self.__dict__)
+        twin = copy.copy(self)  # the phase powers are shared: they never change
         return twin
 
     @property
@@ -134,7 +136,7 @@ class CoolingNeed:
 
     def to_json(self) -> dict[str, float | bool]:
         return {k: (round(v, 3) if isinstance(v, float) else v)
-                for k, v in ((f, getattr(self, f)) for f in self.__slots__)}
+                for k, v in ((f.name, getattr(self, f.name)) for f in fields(self))}
 
 
 def cooling_need(profile: ThermalProfile, busy_share: float,

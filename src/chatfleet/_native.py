@@ -1,0 +1,125 @@
+"""The compiled twin core: which modules `make install` compiles with mypyc, and whether this
+process may use them.
+
+The twin spends its time in a few pure packages (the engine model, the workload, the fleet
+core, the measurements). `tools/build_native.py` compiles them with mypyc into extension
+modules beside their sources and writes a manifest of the sources' hashes. Python loads an
+extension module before a source file of the same name, so a stale build would run old code:
+at `import chatfleet` this module checks the manifest, and unless every compiled module's
+source is the one it was built from (and every extension is there), it makes all of them load
+from source, together: compiled modules call each other directly, so a mix of the two is not
+safe. `CHATFLEET_NATIVE=0` asks for the sources too. Both paths give the same results (a test
+compares them); the compiled one is faster (docs/twin.md#speed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+# What the build compiles, relative to the chatfleet package: the modules a twin run spends its
+# time in. Left out on purpose: modules whose frozen dataclasses travel to worker processes by
+# pickle (core/engine/build.py's EngineSpec, core/workload/config.py, core/slo.py: a compiled
+# frozen dataclass refuses to be unpickled), modules that check untrusted input through their
+# constructors' types (core/fleet/prompt.py: compiled code would raise TypeError first), and
+# the once-per-point ones (the validity rule, the knee, the point's summary), where there is
+# nothing to gain.
+NATIVE_MODULES = (
+    "core/engine/block_pool.py", "core/engine/decode_run.py", "core/engine/kv_cache_manager.py",
+    "core/engine/kv_pool.py", "core/engine/mixed_step.py", "core/engine/prefill_adder.py",
+    "core/engine/radix.py", "core/engine/request.py", "core/engine/scheduler.py",
+    "core/engine/step.py", "core/engine/step_time.py", "core/engine/steplog.py",
+    "core/engine/thermal.py", "core/engine/vllm_scheduler.py",
+    "core/workload/load.py", "core/workload/sessions.py",
+    "core/fleet/admission.py", "core/fleet/fairshare.py", "core/fleet/fleet.py",
+    "core/fleet/health.py", "core/fleet/routing.py", "core/fleet/session.py",
+    "core/measure/itl.py", "core/measure/percentiles.py", "core/measure/request.py",
+    "core/records.py", "twin/loop.py",
+)
+MANIFEST = "_native_build.json"
+GROUP = "chatfleet_native"  # the name of mypyc's shared library (chatfleet_native__mypyc)
+EXT_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]  # what this interpreter loads first
+
+
+class NativeStatus(NamedTuple):
+    compiled: bool  # this process runs the compiled modules
+    reason: str  # why not, or "compiled"
+
+
+def native_sources(root: Path = PACKAGE_DIR) -> list[Path]:
+    """The source files the build compiles."""
+    return [root / m for m in NATIVE_MODULES]
+
+
+def module_name(path: Path, root: Path = PACKAGE_DIR) -> str:
+    return ".".join(("chatfleet", *path.relative_to(root).with_suffix("").parts))
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def extension_of(path: Path) -> Path:
+    """Where this interpreter looks for the compiled form of `path`."""
+    return path.with_name(path.stem + EXT_SUFFIX)
+
+
+def check_build(root: Path = PACKAGE_DIR) -> NativeStatus:
+    """Whether the compiled modules under `root` are all there and built from these sources."""
+    if os.environ.get("CHATFLEET_NATIVE", "") == "0":
+        return NativeStatus(False, "off (CHATFLEET_NATIVE=0)")
+    try:
+        manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return NativeStatus(False, "not built (make install builds it)")
+    except (OSError, ValueError) as exc:
+        return NativeStatus(False, f"unreadable build manifest ({exc})")
+    built = manifest.get("sources", {}) if isinstance(manifest, dict) else {}
+    if manifest.get("ext_suffix") != EXT_SUFFIX:
+        return NativeStatus(False, "built for another Python (make install rebuilds it)")
+    for path in native_sources(root):
+        rel = str(path.relative_to(root))
+        if built.get(rel) != digest(path):
+            return NativeStatus(False, f"{rel} changed since the build (make install "
+                                       "rebuilds it)")
+        if not extension_of(path).exists():
+            return NativeStatus(False, f"{rel}: its compiled module is missing")
+    if set(built) != {str(p.relative_to(root)) for p in native_sources(root)}:
+        return NativeStatus(False, "the build covers other modules (make install rebuilds it)")
+    return NativeStatus(True, "compiled")
+
+
+class SourceFirst:
+    """A meta path finder (importlib.abc.MetaPathFinder's protocol; that module is slow to
+    import) that loads the listed modules from their .py files, whatever extension lies beside
+    them."""
+
+    def __init__(self, files: Sequence[Path], root: Path = PACKAGE_DIR) -> None:
+        self.files = {module_name(f, root): f for f in files}
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        file = self.files.get(fullname)
+        if file is None:
+            return None
+        return importlib.util.spec_from_file_location(fullname, file)
+
+
+def install() -> NativeStatus:
+    """Run at `import chatfleet`: keep a stale or partial build out of this process."""
+    status = check_build()
+    if not status.compiled:
+        files = native_sources()
+        if any(extension_of(f).exists() for f in files):
+            sys.meta_path.insert(0, SourceFirst(files))
+    return status
