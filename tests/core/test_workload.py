@@ -218,11 +218,12 @@ def test_segment_tokens_are_vocabulary_ids_distinct_per_segment() -> None:
 
 
 
-@pytest.mark.parametrize("n", [1, 2048, (1 << 16), (1 << 16) + 7])
+@pytest.mark.parametrize("n", [1, 2048, (1 << 16), 151643, 151643 + 7])
 def test_segment_tokens_follow_the_formula_at_any_length(n: int) -> None:
-    """(sid x 7919 + j x 104729) mod 151643, for segments within the precomputed positions
-    and beyond them, and again when the segment is seen a second time (memoised)."""
-    for sid in (1, 9_999_991):
+    """(sid x 7919 + j x 104729) mod 151643, for segments up to a whole period of the
+    precomputed table and beyond it, for segments that start anywhere in the table (near its
+    end, too), and again when the segment is seen a second time."""
+    for sid in (1, 9_999_991, 151642, 19):
         want = [(sid * 7919 + j * 104729) % 151643 for j in range(n)]
         assert list(segment_tokens([(sid, n)])) == want
         assert list(segment_tokens([(sid, n), (sid, n)])) == want + want

@@ -1,16 +1,17 @@
 """The engine's step log: one entry per step, as the engines log them (SGLang per batch, vLLM
 per engine step; a decode run leaves one entry per step it ran). Shared by both engine models.
 
-The log is kept by column (arrays of numbers), so that a decode run appends its steps at once,
-a long run's log costs the garbage collector nothing, and a shell reads a window of it as
-arrays (`column`). `StepRow` is one entry, read by name.
+The log is kept by column (lists of numbers), so that a decode run appends its steps at once
+and a shell reads a window of it as numpy arrays (`floats`, `ints`). Lists, not `array`s: the
+compiled engine (chatfleet/_native.py) appends to a list natively, where an array's append is
+a method call through the interpreter, about 25 times the cost; a float column holds 8 bytes
+of pointer plus its float per step. `StepRow` is one entry, read by name.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from array import array
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple, overload
 
@@ -60,20 +61,20 @@ class StepLog(Sequence[StepRow]):
     __slots__ = LOG_FIELDS
 
     def __init__(self, rows: Sequence[StepRow] = ()) -> None:
-        self.time = array("d")
-        self.kind = array("q")
-        self.batch = array("q")
-        self.prefill_tokens = array("q")
-        self.decode_tokens = array("q")
-        self.running = array("q")
-        self.queue = array("q")
-        self.token_usage = array("d")
-        self.cache_hit_rate = array("d")
-        self.sm_clock_mhz = array("d")  # NaN: the thermal model is off
-        self.temp_c = array("d")
-        self.power_w = array("d")
-        self.thermal_slowdown = array("q")
-        self.step_s = array("d")
+        self.time: list[float] = []
+        self.kind: list[int] = []
+        self.batch: list[int] = []
+        self.prefill_tokens: list[int] = []
+        self.decode_tokens: list[int] = []
+        self.running: list[int] = []
+        self.queue: list[int] = []
+        self.token_usage: list[float] = []
+        self.cache_hit_rate: list[float] = []
+        self.sm_clock_mhz: list[float] = []  # NaN: the thermal model is off
+        self.temp_c: list[float] = []
+        self.power_w: list[float] = []
+        self.thermal_slowdown: list[int] = []
+        self.step_s: list[float] = []
         for row in rows:
             self.add(row.time, row.kind, row.batch, row.prefill_tokens, row.decode_tokens,
                      row.running, row.queue, row.token_usage, row.cache_hit_rate,
@@ -83,22 +84,24 @@ class StepLog(Sequence[StepRow]):
     def add(self, t: float, kind: StepKind, batch: int, prefill_tokens: int,
             decode_tokens: int, running: int, queue: int, token_usage: float,
             cache_hit_rate: float, thermal: ThermalFigures, step_s: float) -> None:
-        """One step."""
+        """One step. The float columns hold floats whatever number comes in (float(): an int
+        stays an int in a list, as it did not in the arrays before, and compiled code turns it
+        into a float at the call, so both would write it differently)."""
         sm, temp, power, slowdown = thermal
-        self.time.append(t)
+        self.time.append(float(t))
         self.kind.append(KIND_CODES[kind])
         self.batch.append(batch)
         self.prefill_tokens.append(prefill_tokens)
         self.decode_tokens.append(decode_tokens)
         self.running.append(running)
         self.queue.append(queue)
-        self.token_usage.append(token_usage)
-        self.cache_hit_rate.append(cache_hit_rate)
-        self.sm_clock_mhz.append(math.nan if sm is None else sm)
-        self.temp_c.append(math.nan if temp is None else temp)
-        self.power_w.append(math.nan if power is None else power)
-        self.thermal_slowdown.append(slowdown)
-        self.step_s.append(step_s)
+        self.token_usage.append(float(token_usage))
+        self.cache_hit_rate.append(float(cache_hit_rate))
+        self.sm_clock_mhz.append(math.nan if sm is None else float(sm))
+        self.temp_c.append(math.nan if temp is None else float(temp))
+        self.power_w.append(math.nan if power is None else float(power))
+        self.thermal_slowdown.append(int(slowdown))
+        self.step_s.append(float(step_s))
 
     def extend(self, other: StepLog) -> None:
         """Append every step of `other`."""
@@ -119,25 +122,25 @@ class StepLog(Sequence[StepRow]):
             return
         more = k - 1
         self.time.extend(ends[1:])
-        self.kind.extend(array("q", [KIND_CODES["decode"]]) * more)
-        self.batch.extend(array("q", [num_decode]) * more)
-        self.prefill_tokens.extend(array("q", [0]) * more)
-        self.decode_tokens.extend(array("q", [num_decode]) * more)
-        self.running.extend(array("q", [running]) * more)
-        self.queue.extend(array("q", [queue]) * more)
+        self.kind.extend([KIND_CODES["decode"]] * more)
+        self.batch.extend([num_decode] * more)
+        self.prefill_tokens.extend([0] * more)
+        self.decode_tokens.extend([num_decode] * more)
+        self.running.extend([running] * more)
+        self.queue.extend([queue] * more)
         self.token_usage.extend(token_usage[1:])
-        self.cache_hit_rate.extend(array("d", [cache_hit_rate]) * more)
+        self.cache_hit_rate.extend([cache_hit_rate] * more)
         if thermal[0][0] is None:
-            self.sm_clock_mhz.extend(array("d", [math.nan]) * more)
-            self.temp_c.extend(array("d", [math.nan]) * more)
-            self.power_w.extend(array("d", [math.nan]) * more)
-            self.thermal_slowdown.extend(array("q", [0]) * more)
+            self.sm_clock_mhz.extend([math.nan] * more)
+            self.temp_c.extend([math.nan] * more)
+            self.power_w.extend([math.nan] * more)
+            self.thermal_slowdown.extend([0] * more)
         else:
             for sm, temp, power, slowdown in thermal[1:]:
-                self.sm_clock_mhz.append(math.nan if sm is None else sm)
-                self.temp_c.append(math.nan if temp is None else temp)
-                self.power_w.append(math.nan if power is None else power)
-                self.thermal_slowdown.append(slowdown)
+                self.sm_clock_mhz.append(math.nan if sm is None else float(sm))
+                self.temp_c.append(math.nan if temp is None else float(temp))
+                self.power_w.append(math.nan if power is None else float(power))
+                self.thermal_slowdown.append(int(slowdown))
         self.step_s.extend([t - prev for prev, t in itertools.pairwise(ends)])
 
     def floats(self, name: str) -> npt.NDArray[np.float64]:
@@ -145,7 +148,7 @@ class StepLog(Sequence[StepRow]):
         model is off)."""
         if name not in _FLOAT_COLUMNS:
             raise KeyError(f"{name!r} is not a float field of the step log")
-        values: array[float] = getattr(self, name)
+        values: list[float] = getattr(self, name)
         return np.array(values, dtype=np.float64)
 
     def ints(self, name: str) -> npt.NDArray[np.int64]:
@@ -153,7 +156,7 @@ class StepLog(Sequence[StepRow]):
         `thermal_slowdown`: 0 or 1)."""
         if name not in LOG_FIELDS or name in _FLOAT_COLUMNS:
             raise KeyError(f"{name!r} is not an integer field of the step log")
-        values: array[int] = getattr(self, name)
+        values: list[int] = getattr(self, name)
         return np.array(values, dtype=np.int64)
 
     def __len__(self) -> int:

@@ -11,7 +11,6 @@ Chat-template tokens around turns are not counted (a few per turn).
 
 from __future__ import annotations
 
-import functools
 import random
 from array import array
 from collections.abc import Sequence
@@ -28,6 +27,14 @@ from chatfleet.core.workload.config import WorkloadConfig
 SYNTH_VOCAB = 151643
 _SEG_MUL = 7919
 _POS_MUL = 104729
+# 104729 is invertible mod 151643, so (s x 7919 + j x 104729) mod V = ((k + j) x 104729) mod V
+# with k = (s x 7919) x 104729^-1 mod V: a segment's ids are the run k, k+1, ... of the one
+# table i x 104729 mod V. The table holds two periods, so any run of up to V ids is one slice
+# of it (a copy of bytes, with no arithmetic per token).
+_POS_INV = pow(_POS_MUL, -1, SYNTH_VOCAB)
+_TABLE = memoryview(((np.arange(2 * SYNTH_VOCAB, dtype=np.int64) % SYNTH_VOCAB * _POS_MUL)
+                     % SYNTH_VOCAB).tobytes())
+_ID_BYTES = 8  # array('q')
 
 
 def segment_tokens(segments: Sequence[tuple[int, int]]) -> array[int]:
@@ -38,21 +45,13 @@ def segment_tokens(segments: Sequence[tuple[int, int]]) -> array[int]:
     return out
 
 
-@functools.lru_cache(maxsize=1024)
-def _segment_bytes(sid: int, n: int) -> bytes:
-    """One segment's ids as array('q') bytes. Memoised: every request of a group starts with
-    its shared system prompt, and a session's history repeats in each of its turns (a pure
-    function of its arguments, so the memo changes nothing but the time)."""
-    if n > len(_POSITION_IDS):
-        ids = (sid * _SEG_MUL + np.arange(n, dtype=np.int64) * _POS_MUL) % SYNTH_VOCAB
-        return ids.tobytes()
-    # (s x 7919 + j x 104729) mod V = ((s x 7919 mod V) + (j x 104729 mod V)) mod V
-    ids = _POSITION_IDS[:n] + (sid * _SEG_MUL) % SYNTH_VOCAB
-    np.remainder(ids, SYNTH_VOCAB, out=ids)
+def _segment_bytes(sid: int, n: int) -> memoryview | bytes:
+    """One segment's ids as array('q') bytes."""
+    k = sid * _SEG_MUL % SYNTH_VOCAB * _POS_INV % SYNTH_VOCAB
+    if n <= SYNTH_VOCAB:
+        return _TABLE[k * _ID_BYTES: (k + n) * _ID_BYTES]
+    ids = (sid * _SEG_MUL + np.arange(n, dtype=np.int64) * _POS_MUL) % SYNTH_VOCAB
     return ids.tobytes()
-
-
-_POSITION_IDS = (np.arange(1 << 16, dtype=np.int64) * _POS_MUL) % SYNTH_VOCAB  # j x 104729 mod V
 
 
 @dataclass(slots=True)
