@@ -15,6 +15,7 @@ All times are seconds on one clock (model time).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -212,10 +213,11 @@ def figures(members: Sequence[RequestRecord], slo: SLO, mode: Mode) -> Figures:
     gaps = np.zeros(0, dtype=np.float64)  # ok requests' gaps, NaN between two requests
     seg_starts = np.zeros(0, dtype=np.int64)
     if order.size:
-        joined = np.asarray(
-            np.concatenate([token_lists[i] for i in order.tolist()]), dtype=np.float64
-        )
         seg_lens = lens[order]
+        # one pass over the lists' floats (np.concatenate would first discover each list's
+        # type and shape, element by element: twice the time for the same values)
+        times = itertools.chain.from_iterable(token_lists[i] for i in order.tolist())
+        joined = np.fromiter(times, np.float64, int(seg_lens.sum()))
         ends = np.cumsum(seg_lens)
         starts = ends - seg_lens
         first[order] = np.where(np.isnan(first_field[order]), joined[starts], first_field[order])
