@@ -71,7 +71,8 @@ def _sendable(exc: BaseException) -> BaseException:
 
 
 def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
-    """A worker: import `preload`, then run each task the job sends until it sends None."""
+    """A worker: import `preload`, then run each task the job sends, until the job stops it
+    (SIGTERM) or is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="job-watch").start()
 
@@ -81,7 +82,8 @@ def _serve(conn: Connection, parent: int, preload: tuple[str, ...]) -> None:
     try:
         for name in preload:
             importlib.import_module(name)
-        while (task := conn.recv()) is not None:
+        while True:
+            task = conn.recv()
             try:
                 result = task.run(tick)
             except Exception as exc:  # every task error goes to the job
@@ -100,8 +102,9 @@ def default_workers(num_tasks: int) -> int:
 
 
 class WorkerPool:
-    """`workers` spawned processes, started on entry and stopped on exit (stopped at once on
-    an error). With fewer than two, no process starts and every batch runs in this process."""
+    """`workers` spawned processes, started on entry and stopped on exit, whether the job ends
+    well or not. With fewer than two, no process starts and every batch runs in this
+    process."""
 
     def __init__(self, workers: int, *, preload: Iterable[str] = ()) -> None:
         self.workers = workers
@@ -133,12 +136,12 @@ class WorkerPool:
                 self._conns.append(mine)
                 self._procs.append(proc)
         except BaseException:
-            self._stop(at_once=True)
+            self._stop()
             raise
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        self._stop(at_once=exc_type is not None or self._broken)
+    def __exit__(self, *_: object) -> None:
+        self._stop()
 
     def run(self, tasks: Sequence[Task[T]], tick: Tick | None = None,
             key: Callable[[Any], Any] | None = None) -> list[T]:
@@ -193,17 +196,12 @@ class WorkerPool:
         return WorkerError(f"a worker process died ({exit_status(proc.exitcode)}): out of "
                            "memory, or killed; the job stopped")
 
-    def _stop(self, at_once: bool) -> None:
-        """Tell each worker to exit (or, `at_once`, terminate it) and wait for it."""
-        for proc, conn in zip(self._procs, self._conns, strict=True):
-            if not proc.is_alive():
-                continue
-            if at_once:
-                proc.terminate()
-                continue
-            try:
-                conn.send(None)
-            except OSError:
+    def _stop(self) -> None:
+        """Terminate every worker and wait for it. Between batches a worker holds nothing
+        (every result is in), and SIGTERM ends it at once, where a Python exit with the twin
+        loaded takes 0.13 s of the job's end; during a batch it is the one way to stop it."""
+        for proc in self._procs:
+            if proc.is_alive():
                 proc.terminate()
         for proc in self._procs:
             proc.join(STOP_TIMEOUT_S)
