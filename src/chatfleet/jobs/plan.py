@@ -180,8 +180,9 @@ def sweep_task(req: PlanRequest, weights: str, kv: str) -> SweepTask:
     return SweepTask(sweeper, tuple(loads))
 
 
-DOUBLING_LEVELS = (("target", 1), ("doubled", 2))
-DOUBLING_RUNS = 2 * len(DOUBLING_LEVELS)  # each level with the thermal model off and on
+DOUBLING_LEVELS = (("target", 1), ("doubled", 2))  # traffic, users x
+THERMAL_MODELS = (False, True)  # each level with the thermal model off and on
+DOUBLING_RUNS = len(DOUBLING_LEVELS) * len(THERMAL_MODELS)
 
 
 def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int, queue_depth: int,
@@ -202,7 +203,7 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int, queue_depth
     labelled: list[tuple[str, FleetRun]] = []
     for traffic, factor in DOUBLING_LEVELS:
         users = max(1, round(req.users * factor * k / replicas))
-        for thermal in (False, True):
+        for thermal in THERMAL_MODELS:
             spec = engine_spec(req, fig.weights, fig.kv_cache, thermal=thermal,
                                max_running_requests=fig.gateway_cap)
             labelled.append((traffic, FleetRun(
@@ -345,8 +346,8 @@ def _launch(cmd: LaunchCommand) -> Launch:
 
 def make_plan(req: PlanRequest, progress: Progress | None = None) -> Plan:
     """The whole answer as one document (keys in docs/plan.md). One worker pool serves the
-    whole plan: it starts here, so that its workers' imports overlap with reading the inputs,
-    runs the precisions' twin sweeps at once, then the doubled-traffic hour's fleet runs."""
+    whole plan, started before any simulation (its workers import once, while the sweeps are
+    set up): the precisions' twin sweeps at once, then the doubled-traffic hour's fleet runs."""
     if req.users < 1:
         raise PlanError("--users must be at least 1")
     accuracy = load_accuracy(req.accuracy) if req.accuracy is not None else None
