@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
+from chatfleet.cli import plan as plan_cli
 from chatfleet.core.plan import PlanError
 from chatfleet.jobs.workers import PARENT_CHECK_S, Tick, WorkerError, WorkerPool
 from tests.processes import CHATFLEET
@@ -204,3 +205,17 @@ def test_workers_exit_when_their_job_is_killed() -> None:
         job.kill()
         job.wait(timeout=30)
     assert gone(pids, 10 * PARENT_CHECK_S + 10), "workers outlived their job"
+
+
+def test_a_dead_worker_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not bad input (exit 2), but no traceback of the pool's insides either."""
+
+    def dies(*_: object) -> None:
+        with WorkerPool(2) as pool:
+            pool.run([Sleep(30.0), Dies()])
+
+    monkeypatch.setattr(plan_cli, "make_plan", dies)
+    res = CliRunner().invoke(app, ["plan", "--users", "10"])
+    assert res.exit_code == 1, res.output
+    assert "error: a worker process died (killed by SIGKILL)" in res.output
+    assert "Traceback" not in res.output
