@@ -29,6 +29,7 @@ from chatfleet.core.slo import SLO
 from chatfleet.core.workload import LengthSpec, SessionProfile
 from chatfleet.io import write_atomic, write_json
 from chatfleet.jobs.plan import PlanRequest, make_plan, parse_precisions
+from chatfleet.jobs.workers import WorkerError
 from chatfleet.report.load import number, read_json
 
 
@@ -136,7 +137,10 @@ def plan(
         check_output_file(out_path, "--out")
         check_output_file(gateway_config_out, "--gateway-config-out")
         with progress_bars() as progress:
-            doc = make_plan(req, progress)
+            try:
+                doc = make_plan(req, progress)
+            except WorkerError as exc:  # not bad input, but one line all the same
+                fail(str(exc), code=1)
         if out_path is not None:
             write_json(out_path, doc.to_json())
         if gateway_config_out is not None and doc.gateway_config:

@@ -11,10 +11,7 @@ files and builds the commands.
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -61,11 +58,13 @@ from chatfleet.core.plan import (
 )
 from chatfleet.core.slo import SLO
 from chatfleet.core.specs import GIB, GPU, HF_MODEL_IDS, Model, precision
-from chatfleet.core.workload import SessionProfile, WorkloadConfig
+from chatfleet.core.workload import SessionProfile
 from chatfleet.engines import SGLangAdapter, VLLMAdapter
 from chatfleet.engines.base import LaunchCommand
 from chatfleet.gateway.config import parse_config
-from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig, run_fleet_point
+from chatfleet.jobs.plan_tasks import FleetRun, SweepTask
+from chatfleet.jobs.workers import Tick, WorkerPool, default_workers
+from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
 from chatfleet.twin.sweep import TwinSweep
 
 DEFAULT_GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -75,6 +74,7 @@ VLLM_PORT = 8000
 
 # Progress: (what is running, finished steps, all steps).
 Progress = Callable[[str, int, int], None]
+FLEET_STEP = "target and doubled traffic through the fleet twin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,25 +171,29 @@ def pool_json(req: PlanRequest, pool: PoolPlan | VLLMPoolPlan) -> PoolFigures:
     return PoolFigures(out)
 
 
-def twin_sweep(req: PlanRequest, weights: str, kv: str,
-               tick: Callable[[], None]) -> SweepDoc:
+def sweep_task(req: PlanRequest, weights: str, kv: str) -> SweepTask:
     """A flushed closed-loop grid and a fixed-rate grid through the twin, both knees refined."""
     loads: list[Load] = [ClosedLoad(c) for c in req.grid]
     loads += [OpenLoad(r, "poisson", 1.0) for r in req.rates]
     sweeper = TwinSweep(engine_spec(req, weights, kv), req.profile.workload(), req.slo,
                         duration_s=req.duration_s, warmup_s=req.warmup_s, seed=req.seed)
-    return sweeper.run(loads, refine=True, on_point=lambda _: tick())
+    return SweepTask(sweeper, tuple(loads))
 
 
-def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
-             queue_depth: int) -> Doubling:
+DOUBLING_LEVELS = (("target", 1), ("doubled", 2))  # traffic, users x
+THERMAL_MODELS = (False, True)  # each level with the thermal model off and on
+DOUBLING_RUNS = len(DOUBLING_LEVELS) * len(THERMAL_MODELS)
+
+
+def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int, queue_depth: int,
+             pool: WorkerPool, tick: Tick | None = None) -> Doubling:
     """An hour at the target users and an hour at twice as many, each with the thermal model
     off (what the traffic alone does: the queue, the sheds) and on (what the clocks add),
     through a slice of the fleet: the gateway's own admission and routing in front, the engine
     guard set. The fleet is symmetric, so `doubling_replicas` replicas with their share of the
     users stand for the whole. Each thermal-on run carries `cooling`: what its load (its mix
     at the loaded clock, from the thermal-off run) asks of the cooling, and what the card
-    did under the modelled cooling."""
+    did under the modelled cooling. The runs go to `pool` (`tick` after each)."""
     assert fig.gateway_cap is not None
     k = max(1, min(replicas, req.doubling_replicas))
     budget = req.slo.ttft_ms / 1000.0
@@ -197,16 +201,16 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
                         ttft_budget_s=budget, hop_s=MEASURED_HOP_S,
                         prefill_reserve_s=prefill_reserve_s(fig, budget))
     labelled: list[tuple[str, FleetRun]] = []
-    for traffic, factor in (("target", 1), ("doubled", 2)):
+    for traffic, factor in DOUBLING_LEVELS:
         users = max(1, round(req.users * factor * k / replicas))
-        for thermal in (False, True):
+        for thermal in THERMAL_MODELS:
             spec = engine_spec(req, fig.weights, fig.kv_cache, thermal=thermal,
                                max_running_requests=fig.gateway_cap)
             labelled.append((traffic, FleetRun(
                 spec, req.profile.workload(), ClosedLoad(users), fleet,
                 duration_s=req.doubling_hours * 3600.0, seed=req.seed + 1000 + factor,
                 slo=req.slo)))
-    points = run_fleet_runs([run for _, run in labelled])
+    points = run_fleet_runs([run for _, run in labelled], pool, tick)
     runs: list[DoublingRun] = []
     for (traffic, run), p in zip(labelled, points, strict=True):
         assert p.fleet is not None and p.fleet.max_in_flight is not None
@@ -225,34 +229,12 @@ def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int,
                     replicas=replicas, replicas_simulated=k, runs=tuple(runs))
 
 
-@dataclass(frozen=True, slots=True)
-class FleetRun:
-    """One fleet run of the doubled-traffic hour, as a worker process receives it."""
-
-    spec: EngineSpec
-    wcfg: WorkloadConfig
-    load: Load
-    fleet: FleetConfig
-    duration_s: float = field(kw_only=True)
-    seed: int = field(kw_only=True)
-    slo: SLO = field(kw_only=True)
-
-    def point(self) -> SweepPoint:
-        return run_fleet_point(self.spec, self.wcfg, self.load, self.fleet,
-                               duration_s=self.duration_s, warmup_s=60.0, seed=self.seed,
-                               slo=self.slo).point
-
-
-def run_fleet_runs(runs: list[FleetRun]) -> list[SweepPoint]:
+def run_fleet_runs(runs: list[FleetRun], pool: WorkerPool,
+                   tick: Tick | None = None) -> list[SweepPoint]:
     """The runs' points, in order. Each run is its own seeded simulation, so they run at once
-    in spawned worker processes, one per core up to one per run (spawned, not forked: the
-    CLI's progress bar runs a thread), and give the same points as one after another here,
-    which is what a one-core machine does."""
-    workers = min(len(runs), os.cpu_count() or 1)
-    if workers < 2:
-        return [r.point() for r in runs]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-        return list(ex.map(FleetRun.point, runs))
+    in the pool's workers, the likely longest first (so that the last to start is short), and
+    give the same points as one after another here, which is what a one-core machine does."""
+    return pool.run(runs, tick, key=FleetRun.longest_first)
 
 
 def cooling_block(spec: EngineSpec, cool: GpuBlock, hot: GpuBlock) -> Cooling:
@@ -363,10 +345,26 @@ def _launch(cmd: LaunchCommand) -> Launch:
 
 
 def make_plan(req: PlanRequest, progress: Progress | None = None) -> Plan:
-    """The whole answer as one document (keys in docs/plan.md)."""
+    """The whole answer as one document (keys in docs/plan.md). One worker pool serves the
+    whole plan, started before any simulation (its workers import once, while the sweeps are
+    set up): the precisions' twin sweeps at once, then the doubled-traffic hour's fleet runs."""
     if req.users < 1:
         raise PlanError("--users must be at least 1")
     accuracy = load_accuracy(req.accuracy) if req.accuracy is not None else None
+    docs = read_sweeps(req)
+    pairs = ([(str(d.target.weights), str(d.target.kv_cache)) for _, d in docs.values()]
+             if docs else list(req.precisions))
+    to_sweep: dict[str, tuple[str, str]] = {}  # the twin sweeps when no file is given
+    for w, kv in () if docs else req.precisions:
+        to_sweep.setdefault(precision_name(w, kv), (w, kv))
+    workers = default_workers(max(len(to_sweep), DOUBLING_RUNS))
+    with WorkerPool(workers, preload=[SweepTask.__module__]) as pool:
+        docs.update(run_sweeps(req, to_sweep, pool, progress))
+        return answer(req, pairs, docs, accuracy, pool, progress)
+
+
+def read_sweeps(req: PlanRequest) -> dict[str, tuple[str, SweepDoc]]:
+    """The --sweep files by precision name, each with where it came from."""
     docs: dict[str, tuple[str, SweepDoc]] = {}
     for path in req.sweeps:
         doc = load_sweep(path)
@@ -377,9 +375,14 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> Plan:
         if t.gpu not in (None, req.gpu.name):
             raise PlanError(f"sweep {path} was measured on {t.gpu}, not {req.gpu.name}")
         docs[name] = (str(path), doc)
-    pairs = ([(str(d.target.weights), str(d.target.kv_cache)) for _, d in docs.values()]
-             if docs else list(req.precisions))
-    steps = 0 if docs else len(pairs) * (len(req.grid) + len(req.rates) + 8)
+    return docs
+
+
+def run_sweeps(req: PlanRequest, pairs: dict[str, tuple[str, str]], pool: WorkerPool,
+               progress: Progress | None) -> dict[str, tuple[str, SweepDoc]]:
+    """The twin sweep of each precision, all at once in the pool; the bar moves a step per
+    point of any of them and ends at its total."""
+    steps = len(pairs) * (len(req.grid) + len(req.rates) + 8)
     done = 0
 
     def tick() -> None:
@@ -388,12 +391,17 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> Plan:
         if progress is not None:
             progress("twin sweeps", min(done, steps), steps)
 
-    for w, kv in pairs:
-        name = precision_name(w, kv)
-        if name not in docs:
-            docs[name] = ("twin", twin_sweep(req, w, kv, tick))
+    swept = pool.run([sweep_task(req, w, kv) for w, kv in pairs.values()], tick)
     if progress is not None and steps:
         progress("twin sweeps", steps, steps)
+    return {name: ("twin", doc) for name, doc in zip(pairs, swept, strict=True)}
+
+
+def answer(req: PlanRequest, pairs: list[tuple[str, str]],
+           docs: dict[str, tuple[str, SweepDoc]], accuracy: dict[str, Any] | None,
+           pool: WorkerPool, progress: Progress | None) -> Plan:
+    """The plan from each precision's sweep: the figures, the choice, the fleet, and the
+    doubled-traffic hour through `pool`."""
     pools = {precision_name(w, kv): pool_of(req, w, kv) for w, kv in pairs}
     figures = [figures_from_sweep(doc, src, req.cap_margin) for src, doc in docs.values()]
     verdicts = accuracy_verdicts(accuracy, [f.name for f in figures])
@@ -423,8 +431,16 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> Plan:
     assert best.users_per_card is not None and best.gateway_cap is not None
     size = fleet_size(req.users, best.users_per_card, req.headroom)
     gw = gateway_config(req, best, size["replicas"])
+    fleet_runs = 0
+
+    def fleet_tick() -> None:
+        nonlocal fleet_runs
+        fleet_runs += 1
+        if progress is not None:
+            progress(FLEET_STEP, fleet_runs, DOUBLING_RUNS)
+
     if progress is not None:
-        progress("target and doubled traffic through the fleet twin", 0, 1)
+        progress(FLEET_STEP, 0, DOUBLING_RUNS)
     chosen = by_precision[best.name]
     plan = replace(
         plan, pool=pool_json(req, pools[best.name]), why_none=None,
@@ -435,10 +451,8 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> Plan:
             replicas=size["replicas"], cards=size["cards"], headroom=req.headroom, why=why,
             source=best.source),
         host_tier=chosen.host_tier,
-        doubling=doubling(req, best, size["replicas"], gw["queue_depth"]),
+        doubling=doubling(req, best, size["replicas"], gw["queue_depth"], pool, fleet_tick),
         launch=chosen.launch, gateway_config=gw)
-    if progress is not None:
-        progress("target and doubled traffic through the fleet twin", 1, 1)
     return plan
 
 
