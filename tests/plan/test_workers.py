@@ -219,3 +219,18 @@ def test_a_dead_worker_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch) -
     assert res.exit_code == 1, res.output
     assert "error: a worker process died (killed by SIGKILL)" in res.output
     assert "Traceback" not in res.output
+
+
+def test_a_dead_worker_in_the_demos_plan_is_one_line_and_exit_1(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import chatfleet.cli.demo as demo_cli
+
+    def dies(*_: object) -> None:
+        with WorkerPool(2) as pool:
+            pool.run([Sleep(30.0), Dies()])
+
+    monkeypatch.setattr(demo_cli, "run_demo", dies)
+    res = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "demo"), "--json"])
+    assert res.exit_code == 1, res.output
+    assert "error: a worker process died (killed by SIGKILL)" in res.output
+    assert "Traceback" not in res.output

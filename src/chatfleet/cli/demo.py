@@ -25,6 +25,7 @@ from chatfleet.core.defaults import SEED
 from chatfleet.core.memory import plan_pool
 from chatfleet.core.specs import builtin_model, get_gpu
 from chatfleet.jobs.demo import DemoConfig, run_demo
+from chatfleet.jobs.workers import WorkerError
 
 
 def demo(
@@ -55,7 +56,10 @@ def demo(
             def stage(text: str) -> None:
                 console.print(f"[bold]demo:[/] {text}")
 
-            result = run_demo(cfg, progress, stage)
+            try:
+                result = run_demo(cfg, progress, stage)
+            except WorkerError as exc:  # the plan's worker died: one line, as `plan` says it
+                fail(str(exc), code=1)
     if as_json:
         print_json({k: v for k, v in result.items() if k != "plan_doc"})
         return
