@@ -191,6 +191,9 @@ class AdmissionController:
         self._route = route
         self._caps: dict[str, int] = dict(caps)
         self._in_flight: dict[str, int] = dict.fromkeys(caps, 0)
+        # kept with every change of a cap or an in-flight count: read on every call
+        self._names = sorted(self._caps)  # replicas(), sorted
+        self._room = {r for r, cap in self._caps.items() if cap > 0}  # the can_admit replicas
         self._drain: dict[str, DrainRate] = {r: DrainRate(drain_window_s) for r in caps}
         self._fleet_drain = DrainRate(drain_window_s)
         self._queue = WaitQueue()
@@ -209,7 +212,7 @@ class AdmissionController:
     # --- reads (the FleetView) ---------------------------------------------------------------
     def replicas(self) -> list[str]:
         """Replicas that take new requests, sorted by name."""
-        return sorted(self._caps)
+        return self._names.copy()
 
     def cap(self, replica: str) -> int:
         return self._caps[replica]
@@ -220,7 +223,8 @@ class AdmissionController:
         return self._in_flight.get(replica, 0)
 
     def can_admit(self, replica: str) -> bool:
-        return replica in self._caps and self.in_flight(replica) < self._caps[replica]
+        """`replica` is in the fleet and has fewer requests in flight than its cap."""
+        return replica in self._room
 
     def drain_rate(self, replica: str | None, now: float) -> float:
         """Releases per second over the drain window, at one replica or (None) the fleet."""
@@ -304,7 +308,7 @@ class AdmissionController:
         """Admit `request` to `replica` (which must have room): what `offer` does when it can."""
         if not self.can_admit(replica):
             raise ValueError(f"replica {replica!r} has no room")
-        self._in_flight[replica] += 1
+        self._add_in_flight(replica, +1)
         self.num_admitted += 1
         return Decision(request, "admitted", now, replica=replica)
 
@@ -317,7 +321,7 @@ class AdmissionController:
             raise ValueError(f"replica {replica!r} has nothing in flight to release")
         if key is not None and self._key_count.get(key, 0) == 0:
             raise ValueError(f"key {key!r} has nothing queued or in flight to release")
-        self._in_flight[replica] = count - 1
+        self._add_in_flight(replica, -1)
         if key is not None:
             self._key_count[key] -= 1
         self.num_released += 1
@@ -337,7 +341,7 @@ class AdmissionController:
             raise ValueError(f"replica {failed!r} has nothing in flight to requeue")
         if request.request_id in self._queue:
             raise ValueError(f"request {request.request_id!r} is already queued")
-        self._in_flight[failed] = count - 1
+        self._add_in_flight(failed, -1)
         self._forget_if_gone(failed)
         self.num_requeued += 1
         earlier = self._dispatch(now)  # the freed slot first: it is not for `request`
@@ -363,6 +367,7 @@ class AdmissionController:
             raise KeyError(replica)
         _check_cap(replica, cap)
         self._caps[replica] = cap
+        self._refresh_room(replica)
         return self._dispatch(now)
 
     def set_key_limits(self, limits: Mapping[str, int]) -> None:
@@ -379,6 +384,8 @@ class AdmissionController:
         _check_cap(replica, cap)
         self._caps[replica] = cap
         self._in_flight.setdefault(replica, 0)
+        self._names = sorted(self._caps)
+        self._refresh_room(replica)
         self._drain.setdefault(replica, DrainRate(self.drain_window_s))
         return self._dispatch(now)
 
@@ -386,6 +393,8 @@ class AdmissionController:
         """Stop admitting to `replica`. Its running requests finish (release them as usual);
         requests waiting for it are routed again."""
         del self._caps[replica]
+        self._names.remove(replica)
+        self._refresh_room(replica)
         self._forget_if_gone(replica)
         return self._dispatch(now)
 
@@ -496,7 +505,7 @@ class AdmissionController:
         names a replica with room (a requeued request: any other replica with room). Each
         admission changes the fleet, so the scan restarts."""
         out = self._shed_hopeless(now)
-        while self._queue and any(self.can_admit(r) for r in self._caps):
+        while self._queue and self._room:
             for waiting in self._queue:
                 if waiting.avoid is None:
                     waiting.target = self._route(waiting.request, self, now)
@@ -509,6 +518,18 @@ class AdmissionController:
             else:
                 break
         return out
+
+    def _add_in_flight(self, replica: str, delta: int) -> None:
+        self._in_flight[replica] += delta
+        self._refresh_room(replica)
+
+    def _refresh_room(self, replica: str) -> None:
+        """Whether `replica` has room, after its cap or its in-flight count changed."""
+        cap = self._caps.get(replica)
+        if cap is not None and self._in_flight.get(replica, 0) < cap:
+            self._room.add(replica)
+        else:
+            self._room.discard(replica)
 
     def _forget_if_gone(self, replica: str) -> None:
         if replica not in self._caps and self._in_flight.get(replica, 0) == 0:
