@@ -273,23 +273,23 @@ class AdmissionController:
         earlier = self._dispatch(now)
         klass = self._klass(request)
         deadline = self.deadline(request)
-        ahead = self._queue.num_up_to_class(klass)
-        over = self._over_key_limit(request)
+        over = None if request.key is None else self._over_key_limit(request)
         if over is not None:
             return [self._shed(request, "key_limit", over, now), *earlier]
-        decisions = self._offer(request, klass, deadline, ahead, now)
-        if not decisions[0].shed:
+        decisions = self._offer(request, klass, deadline, now)
+        if request.key is not None and decisions[0].outcome != "shed":
             self._count_key(request, +1)
-        return [*decisions, *earlier]
+        return [*decisions, *earlier] if earlier else decisions
 
-    def _offer(self, request: FleetRequest, klass: int, deadline: float, ahead: int,
+    def _offer(self, request: FleetRequest, klass: int, deadline: float,
                now: float) -> list[Decision]:
         """`offer` once the key limit let the request in: its decision (and a displaced
-        request's shed)."""
+        request's shed). A request shed here had the queue's requests of its class and above
+        ahead of it."""
         if not self._caps:
-            return [self._shed(request, "no_replica", ahead, now)]
+            return [self._shed(request, "no_replica", self._queue.num_up_to_class(klass), now)]
         if now > deadline:
-            return [self._shed(request, "deadline", ahead, now)]
+            return [self._shed(request, "deadline", self._queue.num_up_to_class(klass), now)]
         target = self._route(request, self, now)
         if target is not None and self.can_admit(target):
             return [self.admit(request, target, now)]
@@ -302,7 +302,7 @@ class AdmissionController:
             shed = self._shed(displaced.request, "displaced", len(self._queue), now)
             self._count_key(displaced.request, -1)
             return [decision, shed]
-        return [self._shed(request, "queue_full", ahead, now)]
+        return [self._shed(request, "queue_full", self._queue.num_up_to_class(klass), now)]
 
     def admit(self, request: FleetRequest, replica: str, now: float) -> Decision:
         """Admit `request` to `replica` (which must have room): what `offer` does when it can."""
@@ -480,9 +480,6 @@ class AdmissionController:
         """Shed every queued request past its deadline, or left with no replica it may go to
         (the fleet is empty, or holds only the replica a requeued request failed on)."""
         caps = self._caps
-        earliest = self._queue.earliest_deadline()
-        if earliest is None or (len(caps) > 1 and now <= earliest):
-            return []  # nothing is late, and every request has a replica it may go to
         # a request has no replica it may go to when every replica is the one it avoids
         lone = next(iter(caps)) if len(caps) == 1 else None
         out: list[Decision] = []
@@ -504,8 +501,13 @@ class AdmissionController:
         """Shed the hopeless, then admit waiting requests in queue order while their route
         names a replica with room (a requeued request: any other replica with room). Each
         admission changes the fleet, so the scan restarts."""
-        out = self._shed_hopeless(now)
-        while self._queue and self._room:
+        queue = self._queue
+        earliest = queue.earliest_deadline()
+        if earliest is None:
+            return []  # nothing waits
+        # with two replicas or more, each request has one it may go to: only the late go
+        out = self._shed_hopeless(now) if now > earliest or len(self._caps) < 2 else []
+        while queue and self._room:
             for waiting in self._queue:
                 if waiting.avoid is None:
                     waiting.target = self._route(waiting.request, self, now)
