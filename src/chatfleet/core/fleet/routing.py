@@ -185,9 +185,10 @@ class Router:
         home = self.home(key, replicas, now)
         if view.can_admit(home):
             return RouteChoice(home, "home", home)
-        spill = next((r for r in self.rendezvous_order(key, replicas)
-                      if r != home and view.can_admit(r)), None)
-        if spill is None:
+        for spill in self.rendezvous_order(key, replicas):
+            if spill != home and view.can_admit(spill):
+                break
+        else:
             return RouteChoice(home, "all_full", home)
         wait = self.expected_wait_s(request, home, view, now)
         cost = self.recompute_cost_s(self.prefix_tokens(request, now))
@@ -239,7 +240,8 @@ class Router:
         counts they carried). Call with every batch of decisions admission returns."""
         for decision in decisions:
             req = decision.request
-            if decision.admitted and decision.replica is not None and req.session_key:
+            if (decision.outcome == "admitted" and decision.replica is not None
+                    and req.session_key):
                 self.sessions.place(req.session_key, decision.replica, now, req.prompt_tokens,
                                     req.cached_tokens)
 
