@@ -325,7 +325,10 @@ class AdmissionController:
         if key is not None:
             self._key_count[key] -= 1
         self.num_released += 1
-        self._drain.setdefault(replica, DrainRate(self.drain_window_s)).observe(now)
+        drain = self._drain.get(replica)
+        if drain is None:  # (kept while it has requests in flight: never, in practice)
+            drain = self._drain[replica] = DrainRate(self.drain_window_s)
+        drain.observe(now)
         self._fleet_drain.observe(now)
         self._forget_if_gone(replica)
         return self._dispatch(now)
