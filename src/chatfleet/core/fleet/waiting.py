@@ -17,7 +17,7 @@ import bisect
 import math
 import operator
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chatfleet.core.fleet.request import FleetRequest
 
@@ -34,10 +34,12 @@ class Waiting:
     deadline: float
     target: str | None
     avoid: str | None = None  # requeued: the replica it failed on, which it never goes back to
+    # its place in the queue: class, then requeued first, then seq (fixed: set once, read by
+    # every bisection and every count of the requests ahead)
+    key: QueueKey = field(init=False)
 
-    @property
-    def key(self) -> QueueKey:
-        return (self.klass, 0 if self.avoid is not None else 1, self.seq)
+    def __post_init__(self) -> None:
+        self.key = (self.klass, 0 if self.avoid is not None else 1, self.seq)
 
 
 _KEY = operator.attrgetter("key")
