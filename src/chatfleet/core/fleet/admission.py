@@ -510,7 +510,7 @@ class AdmissionController:
             return []  # nothing waits
         # with two replicas or more, each request has one it may go to: only the late go
         out = self._shed_hopeless(now) if now > earliest or len(self._caps) < 2 else []
-        while queue and self._room:
+        while self._room and queue:  # room first: under overload, the test that fails
             for waiting in self._queue:
                 if waiting.avoid is None:
                     waiting.target = self._route(waiting.request, self, now)
