@@ -113,6 +113,10 @@ class _FleetRun:
     max_in_flight: list[int] = field(default_factory=list)
     hop_s: float = 0.0
     max_queue: int = 0  # the gateway queue's peak depth
+    index: dict[str, int] = field(init=False)  # replica name -> its place in names
+
+    def __post_init__(self) -> None:
+        self.index = {name: i for i, name in enumerate(self.names)}
 
     # --- arrivals and decisions -----------------------------------------------------------
     def arrive(self, att: _Attempt, now: float) -> Iterable[Event]:
@@ -140,17 +144,21 @@ class _FleetRun:
             att = self.attempts.get(d.request.request_id)
             if att is None:
                 continue
-            if d.admitted and d.replica is not None:
-                i = self.names.index(d.replica)
+            outcome = d.outcome
+            if outcome == "admitted" and d.replica is not None:
+                i = self.index[d.replica]
                 if self.hop_s > 0:
                     out.append(self.loop.at(now + self.hop_s, self.start_event,
                                             (d.request.request_id, att, i)))
                 else:
                     out.extend(self.start(d.request.request_id, att, i, now))
-            elif d.shed:
+            elif outcome == "shed":
                 out.extend(self.shed(d, att, now))
-        self.max_queue = max(self.max_queue, self.fleet.ac.queue_depth())
-        nxt = self.fleet.ac.next_deadline()
+        ac = self.fleet.ac
+        depth = ac.queue_depth()
+        if depth > self.max_queue:
+            self.max_queue = depth
+        nxt = ac.next_deadline()
         if nxt is not None and (self.expire_at is None or nxt < self.expire_at
                                 or self.expire_at <= now):
             self.expire_at = max(nxt, now)

@@ -39,15 +39,15 @@ backwards between calls.
 
 from __future__ import annotations
 
-import bisect
 import math
-import operator
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.fleet.request import FleetRequest as FleetRequest
+from chatfleet.core.fleet.waiting import Waiting, WaitQueue
 
 Outcome = Literal["admitted", "queued", "shed"]
 ShedReason = Literal["queue_full", "deadline", "displaced", "no_replica", "key_limit"]
@@ -59,25 +59,6 @@ RETRY_MAX_S = 60.0
 DRAIN_WINDOW_S = 10.0
 
 RETURNING, NEW = 0, 1  # queue classes: lower goes first
-
-
-@dataclass(frozen=True, slots=True)
-class FleetRequest:
-    """What the fleet logic knows about a request: no HTTP, no prompt text.
-
-    prompt_tokens / cached_tokens: the session's previous turn's usage (`prompt_tokens` and
-    `prompt_tokens_details.cached_tokens`), when known; None on a first turn or without usage.
-    key: the API key's name the request came under (its concurrency limit, `key_limits`), or
-    None.
-    """
-
-    request_id: str
-    session_key: str | None
-    arrival: float
-    returning: bool = False
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,23 +156,6 @@ class FleetView(Protocol):
 Route = Callable[[FleetRequest, FleetView, float], "str | None"]
 
 
-@dataclass(slots=True)
-class _Waiting:
-    request: FleetRequest
-    klass: int
-    seq: int
-    deadline: float
-    target: str | None
-    avoid: str | None = None  # requeued: the replica it failed on, which it never goes back to
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.klass, 0 if self.avoid is not None else 1, self.seq)
-
-
-_DEADLINE = operator.attrgetter("deadline")
-
-
 class AdmissionController:
     """Caps per replica, one queue, deadlines, shedding. See the module docstring."""
 
@@ -227,10 +191,12 @@ class AdmissionController:
         self._route = route
         self._caps: dict[str, int] = dict(caps)
         self._in_flight: dict[str, int] = dict.fromkeys(caps, 0)
+        # kept with every change of a cap or an in-flight count: read on every call
+        self._names = sorted(self._caps)  # replicas(), sorted
+        self._room = {r for r, cap in self._caps.items() if cap > 0}  # the can_admit replicas
         self._drain: dict[str, DrainRate] = {r: DrainRate(drain_window_s) for r in caps}
         self._fleet_drain = DrainRate(drain_window_s)
-        self._queue: list[_Waiting] = []
-        self._waiting: dict[str, _Waiting] = {}
+        self._queue = WaitQueue()
         self._seq = 0
         self.num_offered = 0
         self.num_admitted = 0
@@ -246,7 +212,7 @@ class AdmissionController:
     # --- reads (the FleetView) ---------------------------------------------------------------
     def replicas(self) -> list[str]:
         """Replicas that take new requests, sorted by name."""
-        return sorted(self._caps)
+        return self._names.copy()
 
     def cap(self, replica: str) -> int:
         return self._caps[replica]
@@ -257,7 +223,8 @@ class AdmissionController:
         return self._in_flight.get(replica, 0)
 
     def can_admit(self, replica: str) -> bool:
-        return replica in self._caps and self.in_flight(replica) < self._caps[replica]
+        """`replica` is in the fleet and has fewer requests in flight than its cap."""
+        return replica in self._room
 
     def drain_rate(self, replica: str | None, now: float) -> float:
         """Releases per second over the drain window, at one replica or (None) the fleet."""
@@ -286,7 +253,7 @@ class AdmissionController:
 
     def avoids(self, request_id: str) -> str | None:
         """The replica a queued, requeued request failed on and will not go back to."""
-        waiting = self._waiting.get(request_id)
+        waiting = self._queue.get(request_id)
         return None if waiting is None else waiting.avoid
 
     def deadline(self, request: FleetRequest) -> float:
@@ -294,54 +261,54 @@ class AdmissionController:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline in the queue: when a shell should call `expire` next."""
-        return min(map(_DEADLINE, self._queue), default=None)
+        return self._queue.earliest_deadline()
 
     # --- changes ------------------------------------------------------------------------------
     def offer(self, request: FleetRequest, now: float) -> list[Decision]:
         """A request arrives. The first decision is about `request`; any others are what the
         queue did first (expired requests shed, waiting ones admitted)."""
-        if request.request_id in self._waiting:
+        if request.request_id in self._queue:
             raise ValueError(f"request {request.request_id!r} is already queued")
         self.num_offered += 1
         earlier = self._dispatch(now)
         klass = self._klass(request)
         deadline = self.deadline(request)
-        ahead = sum(1 for w in self._queue if w.klass <= klass)
-        over = self._over_key_limit(request)
+        over = None if request.key is None else self._over_key_limit(request)
         if over is not None:
             return [self._shed(request, "key_limit", over, now), *earlier]
-        decisions = self._offer(request, klass, deadline, ahead, now)
-        if not decisions[0].shed:
+        decisions = self._offer(request, klass, deadline, now)
+        if request.key is not None and decisions[0].outcome != "shed":
             self._count_key(request, +1)
-        return [*decisions, *earlier]
+        return [*decisions, *earlier] if earlier else decisions
 
-    def _offer(self, request: FleetRequest, klass: int, deadline: float, ahead: int,
+    def _offer(self, request: FleetRequest, klass: int, deadline: float,
                now: float) -> list[Decision]:
         """`offer` once the key limit let the request in: its decision (and a displaced
-        request's shed)."""
+        request's shed). A request shed here had the queue's requests of its class and above
+        ahead of it."""
         if not self._caps:
-            return [self._shed(request, "no_replica", ahead, now)]
+            return [self._shed(request, "no_replica", self._queue.num_up_to_class(klass), now)]
         if now > deadline:
-            return [self._shed(request, "deadline", ahead, now)]
+            return [self._shed(request, "deadline", self._queue.num_up_to_class(klass), now)]
         target = self._route(request, self, now)
         if target is not None and self.can_admit(target):
             return [self.admit(request, target, now)]
         if len(self._queue) < self.max_queue_depth:
             return [self._enqueue(request, klass, deadline, target, now)]
-        if klass == RETURNING and self._queue and self._queue[-1].klass == NEW:
-            displaced = self._queue.pop()
-            del self._waiting[displaced.request.request_id]
+        last = self._queue.last()
+        if klass == RETURNING and last is not None and last.klass == NEW:
+            displaced = self._queue.pop_last()
             decision = self._enqueue(request, klass, deadline, target, now)
             shed = self._shed(displaced.request, "displaced", len(self._queue), now)
             self._count_key(displaced.request, -1)
             return [decision, shed]
-        return [self._shed(request, "queue_full", ahead, now)]
+        return [self._shed(request, "queue_full", self._queue.num_up_to_class(klass), now)]
 
     def admit(self, request: FleetRequest, replica: str, now: float) -> Decision:
         """Admit `request` to `replica` (which must have room): what `offer` does when it can."""
         if not self.can_admit(replica):
             raise ValueError(f"replica {replica!r} has no room")
-        self._in_flight[replica] += 1
+        self._add_in_flight(replica, +1)
         self.num_admitted += 1
         return Decision(request, "admitted", now, replica=replica)
 
@@ -354,11 +321,14 @@ class AdmissionController:
             raise ValueError(f"replica {replica!r} has nothing in flight to release")
         if key is not None and self._key_count.get(key, 0) == 0:
             raise ValueError(f"key {key!r} has nothing queued or in flight to release")
-        self._in_flight[replica] = count - 1
+        self._add_in_flight(replica, -1)
         if key is not None:
             self._key_count[key] -= 1
         self.num_released += 1
-        self._drain.setdefault(replica, DrainRate(self.drain_window_s)).observe(now)
+        drain = self._drain.get(replica)
+        if drain is None:  # (kept while it has requests in flight: never, in practice)
+            drain = self._drain[replica] = DrainRate(self.drain_window_s)
+        drain.observe(now)
         self._fleet_drain.observe(now)
         self._forget_if_gone(replica)
         return self._dispatch(now)
@@ -372,9 +342,9 @@ class AdmissionController:
         count = self._in_flight.get(failed, 0)
         if count == 0:
             raise ValueError(f"replica {failed!r} has nothing in flight to requeue")
-        if request.request_id in self._waiting:
+        if request.request_id in self._queue:
             raise ValueError(f"request {request.request_id!r} is already queued")
-        self._in_flight[failed] = count - 1
+        self._add_in_flight(failed, -1)
         self._forget_if_gone(failed)
         self.num_requeued += 1
         earlier = self._dispatch(now)  # the freed slot first: it is not for `request`
@@ -386,10 +356,9 @@ class AdmissionController:
 
     def cancel(self, request_id: str) -> bool:
         """The client of a queued request went away: drop it. False if it was not queued."""
-        waiting = self._waiting.pop(request_id, None)
+        waiting = self._queue.pop(request_id)
         if waiting is None:
             return False
-        self._queue.remove(waiting)
         self.num_cancelled += 1
         self._count_key(waiting.request, -1)
         return True
@@ -401,6 +370,7 @@ class AdmissionController:
             raise KeyError(replica)
         _check_cap(replica, cap)
         self._caps[replica] = cap
+        self._refresh_room(replica)
         return self._dispatch(now)
 
     def set_key_limits(self, limits: Mapping[str, int]) -> None:
@@ -417,6 +387,8 @@ class AdmissionController:
         _check_cap(replica, cap)
         self._caps[replica] = cap
         self._in_flight.setdefault(replica, 0)
+        self._names = sorted(self._caps)
+        self._refresh_room(replica)
         self._drain.setdefault(replica, DrainRate(self.drain_window_s))
         return self._dispatch(now)
 
@@ -424,6 +396,8 @@ class AdmissionController:
         """Stop admitting to `replica`. Its running requests finish (release them as usual);
         requests waiting for it are routed again."""
         del self._caps[replica]
+        self._names.remove(replica)
+        self._refresh_room(replica)
         self._forget_if_gone(replica)
         return self._dispatch(now)
 
@@ -432,7 +406,7 @@ class AdmissionController:
         return RETURNING if self.prioritize_returning and request.returning else NEW
 
     def _key_of(self, request: FleetRequest) -> tuple[int, int, float]:
-        waiting = self._waiting.get(request.request_id)
+        waiting = self._queue.get(request.request_id)
         if waiting is not None:
             return waiting.key
         return (self._klass(request), 1, math.inf)
@@ -466,7 +440,7 @@ class AdmissionController:
     def _place_again(self, request: FleetRequest, failed: str, now: float) -> list[Decision]:
         klass = self._klass(request)
         key = (klass, 0, math.inf)  # behind the requeued of its class, ahead of the rest
-        ahead = sum(1 for w in self._queue if w.key < key)
+        ahead = self._queue.num_before(key)
         if not any(r != failed for r in self._caps):
             return [self._leave(self._shed(request, "no_replica", ahead, now))]
         deadline = self.deadline(request)
@@ -477,20 +451,19 @@ class AdmissionController:
             return [self.admit(request, target, now)]
         if len(self._queue) < self.max_queue_depth:
             return [self._enqueue(request, klass, deadline, None, now, avoid=failed)]
-        if not self._queue or self._queue[-1].key < key:
+        last = self._queue.last()
+        if last is None or last.key < key:
             return [self._leave(self._shed(request, "queue_full", ahead, now))]
-        displaced = self._queue.pop()  # the last in line ranks below it
-        del self._waiting[displaced.request.request_id]
+        displaced = self._queue.pop_last()  # the last in line ranks below it
         decision = self._enqueue(request, klass, deadline, None, now, avoid=failed)
         return [decision, self._leave(self._shed(displaced.request, "displaced",
                                                  len(self._queue), now))]
 
     def _enqueue(self, request: FleetRequest, klass: int, deadline: float, target: str | None,
                  now: float, avoid: str | None = None) -> Decision:
-        waiting = _Waiting(request, klass, self._seq, deadline, target, avoid)
+        waiting = Waiting(request, klass, self._seq, deadline, target, avoid)
         self._seq += 1
-        bisect.insort(self._queue, waiting, key=lambda w: w.key)
-        self._waiting[request.request_id] = waiting
+        self._queue.insert(waiting)
         return Decision(request, "queued", now, replica=target, deadline=deadline)
 
     def _shed(self, request: FleetRequest, reason: ShedReason, ahead: int,
@@ -509,29 +482,35 @@ class AdmissionController:
     def _shed_hopeless(self, now: float) -> list[Decision]:
         """Shed every queued request past its deadline, or left with no replica it may go to
         (the fleet is empty, or holds only the replica a requeued request failed on)."""
-        if len(self._caps) > 1 and (not self._queue or now <= min(map(_DEADLINE, self._queue))):
-            return []  # nothing is late, and every request has a replica it may go to
+        caps = self._caps
+        # a request has no replica it may go to when every replica is the one it avoids
+        lone = next(iter(caps)) if len(caps) == 1 else None
         out: list[Decision] = []
-        kept: list[_Waiting] = []
+        kept: list[Waiting] = []
         for waiting in self._queue:
             if now > waiting.deadline:
                 reason: ShedReason = "deadline"
-            elif not any(r != waiting.avoid for r in self._caps):
+            elif not caps or (lone is not None and waiting.avoid == lone):
                 reason = "no_replica"
             else:
                 kept.append(waiting)
                 continue
-            del self._waiting[waiting.request.request_id]
             out.append(self._leave(self._shed(waiting.request, reason, len(kept), now)))
-        self._queue = kept
+        if out:
+            self._queue.keep_only(kept)
         return out
 
     def _dispatch(self, now: float) -> list[Decision]:
         """Shed the hopeless, then admit waiting requests in queue order while their route
         names a replica with room (a requeued request: any other replica with room). Each
         admission changes the fleet, so the scan restarts."""
-        out = self._shed_hopeless(now)
-        while self._queue and any(self.can_admit(r) for r in self._caps):
+        queue = self._queue
+        earliest = queue.earliest_deadline()
+        if earliest is None:
+            return []  # nothing waits
+        # with two replicas or more, each request has one it may go to: only the late go
+        out = self._shed_hopeless(now) if now > earliest or len(self._caps) < 2 else []
+        while self._room and queue:  # room first: under overload, the test that fails
             for waiting in self._queue:
                 if waiting.avoid is None:
                     waiting.target = self._route(waiting.request, self, now)
@@ -539,12 +518,23 @@ class AdmissionController:
                     waiting.target = self._roomiest(waiting.avoid)
                 if waiting.target is not None and self.can_admit(waiting.target):
                     self._queue.remove(waiting)
-                    del self._waiting[waiting.request.request_id]
                     out.append(self.admit(waiting.request, waiting.target, now))
                     break
             else:
                 break
         return out
+
+    def _add_in_flight(self, replica: str, delta: int) -> None:
+        self._in_flight[replica] += delta
+        self._refresh_room(replica)
+
+    def _refresh_room(self, replica: str) -> None:
+        """Whether `replica` has room, after its cap or its in-flight count changed."""
+        cap = self._caps.get(replica)
+        if cap is not None and self._in_flight.get(replica, 0) < cap:
+            self._room.add(replica)
+        else:
+            self._room.discard(replica)
 
     def _forget_if_gone(self, replica: str) -> None:
         if replica not in self._caps and self._in_flight.get(replica, 0) == 0:

@@ -76,9 +76,11 @@ class Fleet:
     def _note(self, decisions: list[Decision], now: float) -> list[Decision]:
         """Count how each admission was routed (its session's home before this admission,
         or a spill, or least loaded), then let the router note where sessions went."""
+        if not decisions:
+            return decisions
         router = self.router
         for d in decisions:
-            if not d.admitted:
+            if d.outcome != "admitted":
                 continue
             key = d.request.session_key
             if key is None or router is None:

@@ -143,6 +143,9 @@ class RouteChoice:
     recompute_s: float | None = None
 
 
+# RouteChoice's fields in order
+_Choice = tuple[str | None, Rule, str | None, float | None, float | None]
+
 ORDER_MEMO_ENTRIES = 4096
 
 
@@ -173,27 +176,33 @@ class Router:
 
     def route(self, request: FleetRequest, view: FleetView, now: float) -> str | None:
         """The Route for AdmissionController: a pure query, it changes nothing."""
-        return self.choose(request, view, now).replica
+        return self._choose(request, view, now)[0]
 
     def choose(self, request: FleetRequest, view: FleetView, now: float) -> RouteChoice:
+        return RouteChoice(*self._choose(request, view, now))
+
+    def _choose(self, request: FleetRequest, view: FleetView, now: float) -> _Choice:
+        """`choose`'s fields, as a tuple (`route`, called for every placement, needs only the
+        first)."""
         replicas = view.replicas()
         if not replicas:
-            return RouteChoice(None, "no_replica")
+            return (None, "no_replica", None, None, None)
         key = request.session_key
         if key is None:
-            return RouteChoice(least_loaded(view), "least_loaded")
+            return (least_loaded(view), "least_loaded", None, None, None)
         home = self.home(key, replicas, now)
         if view.can_admit(home):
-            return RouteChoice(home, "home", home)
-        spill = next((r for r in self.rendezvous_order(key, replicas)
-                      if r != home and view.can_admit(r)), None)
-        if spill is None:
-            return RouteChoice(home, "all_full", home)
+            return (home, "home", home, None, None)
+        for spill in self.rendezvous_order(key, replicas):
+            if spill != home and view.can_admit(spill):
+                break
+        else:
+            return (home, "all_full", home, None, None)
         wait = self.expected_wait_s(request, home, view, now)
         cost = self.recompute_cost_s(self.prefix_tokens(request, now))
         if wait > cost:
-            return RouteChoice(spill, "spill", home, wait, cost)
-        return RouteChoice(home, "wait", home, wait, cost)
+            return (spill, "spill", home, wait, cost)
+        return (home, "wait", home, wait, cost)
 
     def home(self, key: str, replicas: list[str], now: float) -> str:
         """Where the session's cache is: its last replica while the session table says so and
@@ -239,7 +248,8 @@ class Router:
         counts they carried). Call with every batch of decisions admission returns."""
         for decision in decisions:
             req = decision.request
-            if decision.admitted and decision.replica is not None and req.session_key:
+            if (decision.outcome == "admitted" and decision.replica is not None
+                    and req.session_key):
                 self.sessions.place(req.session_key, decision.replica, now, req.prompt_tokens,
                                     req.cached_tokens)
 

@@ -107,12 +107,13 @@ class SessionTable:
 
     def expire(self, now: float) -> int:
         """Drop every entry idle past the TTL; returns how many were dropped."""
+        entries = self._entries
         dropped = 0
-        while self._entries:
-            key, entry = next(iter(self._entries.items()))
-            if self.is_live(entry, now):
+        while entries:
+            key = next(iter(entries))  # the stalest
+            if self.is_live(entries[key], now):
                 break
-            del self._entries[key]
+            del entries[key]
             self.num_bytes -= entry_bytes(key)
             dropped += 1
         self.num_expired += dropped
