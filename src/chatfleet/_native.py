@@ -43,6 +43,7 @@ NATIVE_MODULES = (
     "core/workload/load.py", "core/workload/sessions.py",
     "core/fleet/admission.py", "core/fleet/fairshare.py", "core/fleet/fleet.py",
     "core/fleet/health.py", "core/fleet/routing.py", "core/fleet/session.py",
+    "core/fleet/waiting.py",
     "core/measure/itl.py", "core/measure/percentiles.py", "core/measure/request.py",
     "core/records.py", "twin/loop.py",
 )
