@@ -79,6 +79,11 @@ class FleetConfig:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def __reduce__(self) -> tuple[type[FleetConfig], tuple[Any, ...]]:
+        """Pickled by its fields, into a worker process (the compiled form of a frozen
+        dataclass refuses pickle's default way, which sets each field on a bare object)."""
+        return (FleetConfig, tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+
     def block(self) -> FleetBlock:
         """The settings as a point's (and a target's) fleet block."""
         return FleetBlock(replicas=self.replicas, cap=self.cap, queue_depth=self.queue_depth,
