@@ -1,5 +1,6 @@
-"""`chatfleet` commands as real processes in tests: start one, stop it cleanly; and a server
-that is no engine at all, for the commands that must refuse one."""
+"""`chatfleet` commands as real processes in tests: start one, stop it cleanly, find its
+children and whether they are alive; and a server that is no engine at all, for the commands
+that must refuse one."""
 
 from __future__ import annotations
 
@@ -23,6 +24,27 @@ def spawn(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
     stderr = subprocess.PIPE if log is None else open(log, "wb")  # noqa: SIM115
     return subprocess.Popen([str(CHATFLEET), *args], stdout=subprocess.PIPE, stderr=stderr,
                             env=env)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> int:

@@ -37,6 +37,7 @@ from chatfleet.core.workload import (
 from chatfleet.data.exact_tokens import text_of_exact_tokens
 from chatfleet.data.tokenizer import load_qwen_tokenizer
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
+from tests.processes import alive, children
 
 WCFG = WorkloadConfig(system_prompt_tokens=300, lengths=LengthSpec("uniform", 200, 8, 0.5),
                       turns=2)
@@ -249,25 +250,3 @@ def test_a_pools_workers_exit_when_their_harness_is_killed() -> None:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids), pids
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` is a process that has not exited (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

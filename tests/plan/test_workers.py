@@ -19,7 +19,7 @@ from chatfleet.cli import app
 from chatfleet.cli import plan as plan_cli
 from chatfleet.core.plan import PlanError
 from chatfleet.jobs.workers import PARENT_CHECK_S, Tick, WorkerError, WorkerPool
-from tests.processes import CHATFLEET
+from tests.processes import CHATFLEET, alive, children
 
 
 @dataclass(frozen=True)
@@ -47,27 +47,6 @@ class Fails:
 class Dies:
     def run(self, tick: Tick) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` is a process that has not exited (a zombie counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def gone(pids: list[int], within_s: float) -> bool:
