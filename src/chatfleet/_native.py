@@ -30,10 +30,12 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # What the build compiles, relative to the chatfleet package: the modules a twin run spends its
 # time in. Left out on purpose: modules whose frozen dataclasses travel to worker processes by
 # pickle (core/engine/build.py's EngineSpec, core/workload/config.py, core/slo.py: a compiled
-# frozen dataclass refuses to be unpickled), modules that check untrusted input through their
-# constructors' types (core/fleet/prompt.py: compiled code would raise TypeError first), and
-# the once-per-point ones (the validity rule, the knee, the point's summary), where there is
-# nothing to gain.
+# frozen dataclass refuses pickle's default way; twin/fleet.py's FleetConfig has a __reduce__
+# instead), modules that check untrusted input through their constructors' types
+# (core/fleet/prompt.py, core/fleet/request.py: compiled code would raise TypeError first), and
+# the once-per-point ones (the validity rule, the knee, the point's summary: nothing to gain,
+# and compiled code turns an int into a float where a float is annotated, which the knee's
+# loads are).
 NATIVE_MODULES = (
     "core/engine/block_pool.py", "core/engine/decode_run.py", "core/engine/kv_cache_manager.py",
     "core/engine/kv_pool.py", "core/engine/mixed_step.py", "core/engine/prefill_adder.py",
