@@ -117,7 +117,10 @@ def test_ctrl_c_stops_the_plan_and_its_workers(tmp_path: Path) -> None:
     one line, and none is left behind."""
     err = tmp_path / "stderr"
     with open(err, "wb") as f:
-        proc = subprocess.Popen([str(CHATFLEET), "plan", "--users", "200", "--json"],
+        # 100 doubled hours: minutes of fleet runs, so the Ctrl-C always lands mid-plan (a
+        # default plan, 8 s, could finish first on a loaded machine, and exit 0)
+        proc = subprocess.Popen([str(CHATFLEET), "plan", "--users", "200", "--doubling-hours",
+                                 "100", "--json"],
                                 stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
