@@ -461,3 +461,29 @@ def test_an_error_is_one_line_however_long_its_path(tmp_path: Path) -> None:
     res = runner.invoke(app, ["cache", "--trace", str(missing)])
     assert res.exit_code == 2
     assert res.output.count("\n") == 1 and str(missing) in res.output, res.output
+
+
+def test_a_ctrl_c_during_a_progress_update_waits_for_the_updates_end() -> None:
+    """The progress bar's updates defer SIGINT (a KeyboardInterrupt inside rich's lock could
+    leave it held, and the bar's exit would wait for its refresh thread forever)."""
+    import os
+    import signal
+
+    from chatfleet.cli.common import sigint_deferred
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(*_: object) -> None:
+        raise Interrupted
+
+    before = signal.signal(signal.SIGINT, interrupt)
+    inside = False
+    try:
+        with pytest.raises(Interrupted), sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(100_000))  # bytecode runs: an unblocked signal would stop it here
+            inside = True
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert inside

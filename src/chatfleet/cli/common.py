@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +37,29 @@ def uncalibrated_note(gpu: str) -> str:
 
 
 @contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A SIGINT that arrives during the block is acted on as the block ends (its
+    KeyboardInterrupt raised there). A handler that notes it stands in meanwhile: masking the
+    signal would not do, since any other thread may take it and Python then runs the handler
+    in the main thread at once. Outside the main thread (where no handler can be set) the
+    block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+@contextmanager
 def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
     """A callback `(what, done, total)` that keeps one bar per `what` on stderr, for long work
     (plan, demo) that reports its own progress."""
@@ -50,9 +76,13 @@ def progress_bars() -> Iterator[Callable[[str, int, int], None]]:
         tasks: dict[str, Any] = {}
 
         def update(what: str, done: int, total: int) -> None:
-            if what not in tasks:
-                tasks[what] = bar.add_task(what, total=total)
-            bar.update(tasks[what], completed=done, total=total)
+            # Ctrl-C waits until the bar's lock is released: a KeyboardInterrupt raised in the
+            # middle of rich's `with self._lock:` can leave the lock held, and the bar's
+            # refresh thread, which the exit joins, then waits for it forever
+            with sigint_deferred():
+                if what not in tasks:
+                    tasks[what] = bar.add_task(what, total=total)
+                bar.update(tasks[what], completed=done, total=total)
 
         yield update
 
