@@ -122,6 +122,8 @@ def test_a_partial_or_foreign_build_is_not_used(tmp_path: Path,
     assert "another Python" in check_build(tmp_path).reason
     (tmp_path / MANIFEST).write_text("{not json")
     assert "unreadable build manifest" in check_build(tmp_path).reason
+    (tmp_path / MANIFEST).write_text("[1, 2]")  # JSON, but no manifest: no AttributeError
+    assert "unreadable build manifest" in check_build(tmp_path).reason
 
 
 def test_a_stale_build_loads_every_compiled_module_from_source(tmp_path: Path) -> None:

@@ -87,7 +87,9 @@ def check_build(root: Path = PACKAGE_DIR) -> NativeStatus:
         return NativeStatus(False, "not built (make install builds it)")
     except (OSError, ValueError) as exc:
         return NativeStatus(False, f"unreadable build manifest ({exc})")
-    built = manifest.get("sources", {}) if isinstance(manifest, dict) else {}
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("sources"), dict):
+        return NativeStatus(False, "unreadable build manifest (not a manifest object)")
+    built = manifest["sources"]
     if manifest.get("ext_suffix") != EXT_SUFFIX:
         return NativeStatus(False, "built for another Python (make install rebuilds it)")
     for path in native_sources(root):
