@@ -197,10 +197,10 @@ class Scheduler:
         return used / self.pool.capacity_tokens
 
     def _own_decode_slots(self, req: EngineRequest) -> int:
-        steps_scheduled = self.num_decode_steps + (
-            len(self.in_flight.decode_ends)
-            if self.in_flight is not None and self.in_flight.kind == "decode" else 0)
-        return steps_scheduled - req.join_step
+        # a decode step in flight holds one slot per request: a run's first step's
+        steps_allocated = self.num_decode_steps + (
+            1 if self.in_flight is not None and self.in_flight.kind == "decode" else 0)
+        return steps_allocated - req.join_step
 
     def _generated(self, req: EngineRequest) -> int:
         return req.gen_base + self.num_decode_steps - req.join_step
@@ -333,8 +333,11 @@ class Scheduler:
         ends = run_ends(self.step_model.decode_s, n, kv_tokens, now, max_steps,
                         float("inf") if horizon is None else horizon, self.thermal)
         t = ends[-1]
-        self.ensure_free(n * len(ends), now)
-        self.pool.allocate(n * len(ends))
+        # this step's slots now, as a single step takes them; a run's later steps take theirs as
+        # it completes (_complete_decode), so that a run cut short by an arrival has evicted
+        # from the tree only what the steps it kept needed, as single steps would have
+        self.ensure_free(n, now)
+        self.pool.allocate(n)
         step = Step("decode", now, t - now, num_decode=n, num_waiting=len(self.waiting),
                     decode_ends=ends)
         self._pending_retracted = retracted
@@ -387,7 +390,6 @@ class Scheduler:
         keep = bisect.bisect_left(ends, t) + 1
         if keep >= len(ends):
             return None
-        self.pool.free(step.num_decode * (len(ends) - keep))
         del ends[keep:]
         step.duration = ends[-1] - step.start
         return ends[-1]
@@ -475,6 +477,12 @@ class Scheduler:
         ends = step.decode_ends
         k = len(ends)
         n = step.num_decode
+        if k > 1:
+            # the slots of the run's later steps (the first step's were taken at schedule);
+            # a request aborted during the run gave its own back and takes none
+            later = len(self.running) * (k - 1)
+            self.ensure_free(later, now)
+            self.pool.allocate(later)
         cap = self.pool.capacity_tokens
         used = cap - self.free_tokens() - self.tree.evictable_size()
         # one log entry per decode step, as SGLang's; the later steps' slots were not yet used
