@@ -487,3 +487,23 @@ def test_a_ctrl_c_during_a_progress_update_waits_for_the_updates_end() -> None:
     finally:
         signal.signal(signal.SIGINT, before)
     assert inside
+
+
+@pytest.mark.parametrize(("given", "kept"), [(None, "1"), ("4", "4")])
+def test_the_command_line_keeps_openblas_to_one_thread_unless_told(given: str | None,
+                                                                     kept: str) -> None:
+    # OpenBLAS's helper threads spin for CPU at numpy's import, in the plan's workers too
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    code = ("import os, chatfleet.cli, numpy; "  # a native thread is a task of the process
+            "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out[0] == kept
+    if kept == "1":
+        assert out[1] == "1"  # numpy started no helper thread
