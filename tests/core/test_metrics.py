@@ -17,6 +17,7 @@ from chatfleet.core.documents.sweep import (
     SweepPoint,
     load_from_json,
 )
+from chatfleet.core.measure.percentiles import percentiles_sorted, ranks_read
 from chatfleet.core.metrics import (
     ITL_STATS,
     SLO,
@@ -663,10 +664,33 @@ def test_summary_matches_per_request_definitions(
     assert p["itl_ms"]["n"] == pooled.size
     if pooled.size:
         assert p["itl_ms"]["max"] == pytest.approx(pooled.max() * 1000.0)
-        assert p["itl_ms"]["p99"] == pytest.approx(np.percentile(pooled, 99) * 1000.0)
+        for q in (50, 90, 99):
+            assert p["itl_ms"][f"p{q}"] == pytest.approx(np.percentile(pooled, q) * 1000.0)
     tpots = [tpot(r, mode) for r in ok]  # type: ignore[arg-type]
     assert p["tpot_ms"]["n"] == sum(t is not None for t in tpots)
     assert p["in_flight_max"] == in_flight_max(members)
+
+
+@given(
+    st.lists(st.sampled_from([0.0, 0.01, 0.02, 0.5])
+             | st.floats(0, 10, allow_nan=False), max_size=60),
+    st.integers(0, 10),
+    st.lists(st.floats(0, 100), min_size=1, max_size=4),
+)
+def test_a_partition_at_the_ranks_read_gives_the_percentiles_of_a_sort(
+    values: list[float], num_nan: int, ps: list[float]
+) -> None:
+    # the figures partition every gap at these ranks instead of sorting them; the NaN that
+    # separate requests order last, as in a sort, and are never among the n values
+    arr = np.array(values + [math.nan] * num_nan)
+    n = len(values)
+    part = arr.copy()
+    if n:
+        part.partition(ranks_read(n, ps))
+    full = np.sort(arr)
+    assert percentiles_sorted(part[:n], ps, 1000.0) == percentiles_sorted(full[:n], ps, 1000.0)
+    if n:
+        assert part[n - 1] == full[n - 1] == max(values)
 
 
 # ------------------------------------------------------------------------------------------

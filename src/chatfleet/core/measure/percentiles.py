@@ -56,7 +56,22 @@ def _check_ps(ps: Iterable[float]) -> list[float]:
     return out
 
 
+def ranks_read(n: int, ps: Sequence[float]) -> list[int]:
+    """The ranks (0-based, in increasing order) that `percentiles_sorted` reads of `n` sorted
+    values for `ps`, and the last (the maximum). An array partitioned at these ranks
+    (`ndarray.partition`) holds the values a full sort would put there, so the percentiles of
+    the partitioned array are those of the sorted one, for a fraction of a sort's time."""
+    if n <= 0:
+        return []
+    ranks = {n - 1}
+    for p in ps:
+        lo, hi, _ = _lerp_indices(n, p / 100.0)
+        ranks.update((int(lo), int(hi)))
+    return sorted(ranks)
+
+
 def percentiles_sorted(ordered: FloatArray, ps: Sequence[float], scale: float) -> dict[str, float]:
+    """`percentiles` of values already in order (or partitioned at `ranks_read(n, ps)`)."""
     n = int(ordered.size)
     out: dict[str, float] = {}
     for p in ps:

@@ -31,7 +31,7 @@ from chatfleet.core.documents.sweep import (
     check_mode,
 )
 from chatfleet.core.measure.percentiles import FloatArray, percentiles_sorted
-from chatfleet.core.measure.request import figures, origin, output_token_count
+from chatfleet.core.measure.request import ITL_PERCENTILES, figures, origin, output_token_count
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.slo import SLO
 
@@ -82,7 +82,8 @@ def in_window(record: RequestRecord, window: tuple[float, float], mode: Mode) ->
 
 
 def _quantiles(ordered: FloatArray, ps: Sequence[float], *, with_max: bool = False) -> Quantiles:
-    """The block of one figure (seconds in, ms out) over its sorted values."""
+    """The block of one figure (seconds in, ms out) over its sorted values (or values
+    partitioned at `ranks_read(n, ps)`, which holds the same at the ranks read)."""
     q = percentiles_sorted(ordered, ps, 1000.0)
     return Quantiles(p50=q["p50"], p90=q.get("p90"), p99=q["p99"],
                      max=(float(ordered[-1]) * 1000.0 if ordered.size else 0.0) if with_max
@@ -182,7 +183,7 @@ def summarize_point(
         attainment=met / offered if offered else 0.0,
         admitted_attainment=met / admitted if admitted else 0.0,
         ttft_ms=_quantiles(ok_sorted(f.ttft_s), (50.0, 90.0, 99.0)),
-        itl_ms=_quantiles(f.gaps_sorted_s, (50.0, 90.0, 99.0), with_max=True),
+        itl_ms=_quantiles(f.gaps_ranked_s, ITL_PERCENTILES, with_max=True),
         tpot_ms=_quantiles(ok_sorted(f.tpot_s), (50.0, 99.0)),
         e2e_ms=_quantiles(ok_sorted(f.e2e_s), (50.0, 99.0)),
         cached_token_share=cached / prompt if prompt else 0.0,
