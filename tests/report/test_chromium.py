@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chatfleet.report import build_report
+from chatfleet.report.build import build_report
 from chatfleet.report.plots import COLORS
 from tests.report.synth import write_live_proof
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from chatfleet.report import build_report, human
+from chatfleet.report import human
+from chatfleet.report.build import build_report
 from tests.report.test_ticks import bisected_sweep
 
 

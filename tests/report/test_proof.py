@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
-from chatfleet.report import ReportInputError, build_report, load_live_proof
+from chatfleet.report.build import ReportInputError, build_report, load_live_proof
 from tests.report.synth import write_live_proof
 
 MakeDir = Callable[..., Path]

@@ -17,7 +17,7 @@ from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import WorkloadConfig
-from chatfleet.report import ReportInputError, build_report, load_sweep, load_sweeps
+from chatfleet.report.build import ReportInputError, build_report, load_sweep, load_sweeps
 from chatfleet.twin.sweep import TwinSweep
 from tests.report.synth import INVALID_REASON, build_points, target
 

@@ -16,7 +16,7 @@ from matplotlib.text import Text
 
 from chatfleet.core.documents.sweep import SweepPoint
 from chatfleet.core.metrics import SLO, sweep_document
-from chatfleet.report import load_sweeps
+from chatfleet.report.build import load_sweeps
 from chatfleet.report.plots import all_plots, goodput_plot
 from chatfleet.report.ticks import choose_labelled, is_round, label_order
 from tests.report.synth import make_point, target

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from chatfleet.cli.common import clean_errors, console
-from chatfleet.report import build_report
+from chatfleet.report.build import build_report
 
 
 def report(

@@ -33,7 +33,7 @@ from chatfleet.core.workload import SessionProfile
 from chatfleet.io import write_json
 from chatfleet.jobs.parity import FleetParity, run_fleet_parity
 from chatfleet.jobs.plan import PlanRequest, Progress, make_plan
-from chatfleet.report import PROOF_SCHEMA, build_report
+from chatfleet.report.build import PROOF_SCHEMA, build_report
 from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
 from chatfleet.twin.run import target_block
 
