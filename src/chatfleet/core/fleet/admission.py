@@ -42,8 +42,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.request import FleetRequest as FleetRequest
@@ -61,23 +60,39 @@ DRAIN_WINDOW_S = 10.0
 RETURNING, NEW = 0, 1  # queue classes: lower goes first
 
 
-@dataclass(frozen=True, slots=True)
 class Decision:
     """What happened to one request at `at`.
 
     admitted: `replica` is where it runs. queued: `replica` is the route's current choice (it
     may change before admission), `deadline` when it will be shed. shed: `reason`, and the
     Retry-After as whole seconds (the HTTP header) and milliseconds (`retry-after-ms`).
+
+    A value that never changes: its attributes are Final, which mypy enforces. It is a plain
+    class, not a frozen dataclass, because compiled (chatfleet/_native.py) a frozen dataclass
+    builds each instance through Python's dataclass machinery: 1.1 us where this takes 0.05 us,
+    and the fleet twin's overloaded hour makes some 100,000 of them.
     """
 
-    request: FleetRequest
-    outcome: Outcome
-    at: float
-    replica: str | None = None
-    deadline: float | None = None
-    reason: ShedReason | None = None
-    retry_after_s: int | None = None
-    retry_after_ms: int | None = None
+    __slots__ = ("at", "deadline", "outcome", "reason", "replica", "request", "retry_after_ms",
+                 "retry_after_s")
+
+    def __init__(self, request: FleetRequest, outcome: Outcome, at: float, *,
+                 replica: str | None = None, deadline: float | None = None,
+                 reason: ShedReason | None = None, retry_after_s: int | None = None,
+                 retry_after_ms: int | None = None) -> None:
+        self.request: Final = request
+        self.outcome: Final = outcome
+        self.at: Final = at
+        self.replica: Final = replica
+        self.deadline: Final = deadline
+        self.reason: Final = reason
+        self.retry_after_s: Final = retry_after_s
+        self.retry_after_ms: Final = retry_after_ms
+
+    def __repr__(self) -> str:
+        return (f"Decision({self.request.request_id!r}, {self.outcome!r}, at={self.at}, "
+                f"replica={self.replica!r}, deadline={self.deadline}, reason={self.reason!r}, "
+                f"retry_after_ms={self.retry_after_ms})")
 
     @property
     def admitted(self) -> bool:
