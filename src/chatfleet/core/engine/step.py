@@ -4,7 +4,6 @@ shells that drive them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
 
 from chatfleet.core.engine.request import EngineRequest
@@ -12,32 +11,51 @@ from chatfleet.core.engine.request import EngineRequest
 StepKind = Literal["prefill", "decode", "mixed"]
 
 
-@dataclass(slots=True)
 class Step:
     """One scheduled step. SGLang's steps are `prefill` or `decode`; vLLM's are `decode`
-    (decodes only), `prefill` (prefill chunks only) or `mixed` (both, under one token budget)."""
+    (decodes only), `prefill` (prefill chunks only) or `mixed` (both, under one token budget).
 
-    kind: StepKind
-    start: float
-    duration: float
-    batch: list[tuple[EngineRequest, int]] = field(default_factory=list)  # prefill: (req, extend)
-    num_decode: int = 0
-    num_prefill_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_waiting: int = 0  # queue at scheduling time: what the scheduler could not admit
-    # end times of consecutive decode steps run as one (see the schedulers' `schedule`)
-    decode_ends: list[float] = field(default_factory=list)
-    # vLLM: the requests that decode in this step (SGLang: empty, its decode batch is `running`)
-    decode_reqs: list[EngineRequest] = field(default_factory=list)
+    Step and StepResult are plain classes, not dataclasses: compiled (chatfleet/_native.py), a
+    dataclass is built by the interpreted __init__ the dataclasses module writes (0.7 us a Step,
+    and one of each per engine step), a plain class natively."""
+
+    __slots__ = ("batch", "decode_ends", "decode_reqs", "duration", "kind", "num_cached_tokens",
+                 "num_decode", "num_prefill_tokens", "num_waiting", "start")
+
+    def __init__(self, kind: StepKind, start: float, duration: float, *,
+                 batch: list[tuple[EngineRequest, int]] | None = None, num_decode: int = 0,
+                 num_prefill_tokens: int = 0, num_cached_tokens: int = 0, num_waiting: int = 0,
+                 decode_ends: list[float] | None = None,
+                 decode_reqs: list[EngineRequest] | None = None) -> None:
+        self.kind = kind
+        self.start = start
+        self.duration = duration
+        self.batch = [] if batch is None else batch  # prefill: (req, extend)
+        self.num_decode = num_decode
+        self.num_prefill_tokens = num_prefill_tokens
+        self.num_cached_tokens = num_cached_tokens
+        self.num_waiting = num_waiting  # queue at scheduling time: what could not be admitted
+        # end times of consecutive decode steps run as one (see the schedulers' `schedule`)
+        self.decode_ends = [] if decode_ends is None else decode_ends
+        # vLLM: the requests that decode in this step (SGLang: empty, its decode batch is
+        # `running`)
+        self.decode_reqs = [] if decode_reqs is None else decode_reqs
 
     @property
     def end(self) -> float:
         return self.start + self.duration
 
+    def __repr__(self) -> str:
+        return (f"Step({self.kind!r}, start={self.start}, duration={self.duration}, "
+                f"batch={len(self.batch)}, num_decode={self.num_decode}, "
+                f"decode_ends={len(self.decode_ends)})")
 
-@dataclass(slots=True)
+
 class StepResult:
-    step: Step
-    first_tokens: list[EngineRequest] = field(default_factory=list)  # a prefill sampled a token
-    finished: list[EngineRequest] = field(default_factory=list)
-    retracted: list[EngineRequest] = field(default_factory=list)  # SGLang retracted, vLLM preempted
+    __slots__ = ("finished", "first_tokens", "retracted", "step")
+
+    def __init__(self, step: Step) -> None:
+        self.step = step
+        self.first_tokens: list[EngineRequest] = []  # a prefill sampled a token
+        self.finished: list[EngineRequest] = []
+        self.retracted: list[EngineRequest] = []  # SGLang retracted, vLLM preempted
