@@ -36,7 +36,6 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from chatfleet.core.errors import ChatfleetError
 
@@ -96,12 +95,22 @@ class TreeNode:
         return f"TreeNode(seq={self.seq}, len={len(self.key)}, {where}, lock_ref={self.lock_ref})"
 
 
-@dataclass(slots=True)
 class MatchResult:
-    node: TreeNode  # deepest matched device node (root if none): lock/unlock/insert with it
-    device_len: int  # prefix tokens resident on the device
-    host_len: int  # further prefix tokens held only on host (need load_back)
-    host_node: TreeNode | None = None  # deepest matched host-only node, None when host_len == 0
+    """A prefix match (a plain class: compiled, a dataclass is built by an interpreted
+    __init__, and every admission matches)."""
+
+    __slots__ = ("device_len", "host_len", "host_node", "node")
+
+    def __init__(self, node: TreeNode, device_len: int, host_len: int,
+                 host_node: TreeNode | None = None) -> None:
+        self.node = node  # deepest matched device node (root if none): lock/unlock/insert
+        self.device_len = device_len  # prefix tokens resident on the device
+        self.host_len = host_len  # further prefix tokens held only on host (need load_back)
+        self.host_node = host_node  # deepest matched host-only node; None when host_len == 0
+
+    def __repr__(self) -> str:
+        return (f"MatchResult(device_len={self.device_len}, host_len={self.host_len}, "
+                f"node={self.node!r})")
 
 
 def _lru_key(node: TreeNode) -> EvictKey:
