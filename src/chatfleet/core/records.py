@@ -13,7 +13,7 @@ Outcome = Literal["ok", "shed", "error", "timeout", "cancelled"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "shed", "error", "timeout", "cancelled")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RequestRecord:
     """One request as the client saw it.
 
@@ -39,6 +39,31 @@ class RequestRecord:
     error: str | None = None
     itl_estimated: bool = False
     response_id: str | None = None
+
+    # written out (init=False): compiled, the __init__ the dataclasses module writes runs
+    # interpreted (0.96 us a record), this one natively; the twin makes one a request
+    def __init__(self, request_id: str, session_id: str = "", turn: int = 0,
+                 replica: str | None = None, scheduled_time: float = 0.0,
+                 send_time: float = 0.0, first_token_time: float | None = None,
+                 token_times: Sequence[float] | None = None, prompt_tokens: int = 0,
+                 cached_tokens: int = 0, output_tokens: int = 0, outcome: Outcome = "ok",
+                 error: str | None = None, itl_estimated: bool = False,
+                 response_id: str | None = None) -> None:
+        self.request_id = request_id
+        self.session_id = session_id
+        self.turn = turn
+        self.replica = replica
+        self.scheduled_time = scheduled_time
+        self.send_time = send_time
+        self.first_token_time = first_token_time
+        self.token_times = [] if token_times is None else token_times
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
+        self.output_tokens = output_tokens
+        self.outcome = outcome
+        self.error = error
+        self.itl_estimated = itl_estimated
+        self.response_id = response_id
 
     @property
     def last_token_time(self) -> float | None:

@@ -92,13 +92,21 @@ class FleetConfig:
                           hop_s=self.hop_s)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Attempt:
     spec: RequestSpec
     attempt: int
     replica: int | None = None
     req: EngineRequest | None = None
     offered: float = 0.0  # when the gateway got it
+
+    # written out: compiled, the dataclasses module's __init__ runs interpreted (one an attempt)
+    def __init__(self, spec: RequestSpec, attempt: int) -> None:
+        self.spec = spec
+        self.attempt = attempt
+        self.replica = None
+        self.req = None
+        self.offered = 0.0
 
 
 @dataclass(slots=True)

@@ -54,7 +54,12 @@ def _segment_bytes(sid: int, n: int) -> memoryview | bytes:
     return ids.tobytes()
 
 
-@dataclass(slots=True)
+# RequestSpec and Session write their __init__ out (init=False): compiled, the one the
+# dataclasses module writes runs interpreted, this one natively; a run makes one of each a
+# request (a session)
+
+
+@dataclass(slots=True, init=False)
 class RequestSpec:
     request_id: str
     session_id: str
@@ -65,6 +70,20 @@ class RequestSpec:
     output_segments: tuple[tuple[int, int], ...]  # reasoning (if any), then content
     max_new_tokens: int
     scheduled_time: float = 0.0
+
+    def __init__(self, request_id: str, session_id: str, user: int, turn: int, group: int,
+                 segments: tuple[tuple[int, int], ...],
+                 output_segments: tuple[tuple[int, int], ...], max_new_tokens: int,
+                 scheduled_time: float = 0.0) -> None:
+        self.request_id = request_id
+        self.session_id = session_id
+        self.user = user
+        self.turn = turn
+        self.group = group
+        self.segments = segments
+        self.output_segments = output_segments
+        self.max_new_tokens = max_new_tokens
+        self.scheduled_time = scheduled_time
 
     @property
     def prompt_len(self) -> int:
@@ -81,7 +100,7 @@ class RequestSpec:
         return segment_tokens(self.output_segments)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Session:
     session_id: str
     user: int
@@ -89,6 +108,15 @@ class Session:
     history: list[tuple[int, int]]
     turn: int = 0
     rng: random.Random | None = None  # the session's own draws (lengths, think times)
+
+    def __init__(self, session_id: str, user: int, group: int, history: list[tuple[int, int]],
+                 turn: int = 0, rng: random.Random | None = None) -> None:
+        self.session_id = session_id
+        self.user = user
+        self.group = group
+        self.history = history
+        self.turn = turn
+        self.rng = rng
 
 
 class Workload:
