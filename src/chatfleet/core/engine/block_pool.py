@@ -36,13 +36,18 @@ ROOT_HASH = 0x5EED_0F_C4A1_F1EE7  # parent of a request's first block (vLLM: NON
 TOKEN_BYTES = 8  # token ids as array("q") bytes
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class Block:
     """A block that carries a hash (a cached full block). `ref_cnt` counts the requests
     holding it; at 0 it waits in the free queue, still a cache hit."""
 
     key: int
     ref_cnt: int = 0
+
+    # written out (init=False): compiled, the dataclasses module's __init__ runs interpreted
+    def __init__(self, key: int, ref_cnt: int = 0) -> None:
+        self.key = key
+        self.ref_cnt = ref_cnt
 
 
 def token_bytes(tokens: Sequence[int]) -> bytes:

@@ -40,7 +40,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class VLLMRequest:
     """The scheduler's view of one request (vLLM's Request). While decoding, its counts follow
     from `req.join_step` and `req.gen_base`; otherwise they are kept here."""
@@ -55,6 +55,19 @@ class VLLMRequest:
     mode: Mode = "waiting"
     phase: int = 0  # decoding: (computed tokens - global step) mod block size
     ready: float = 0.0  # when the API server has handed it to the engine core
+
+    # written out (init=False): compiled, the dataclasses module's __init__ runs interpreted
+    def __init__(self, req: EngineRequest, tokens: bytes, ready: float = 0.0) -> None:
+        self.req = req
+        self.tokens = tokens
+        self.keys = []
+        self.blocks = []
+        self.num_blocks = 0
+        self.num_computed = 0
+        self.generated = 0
+        self.mode = "waiting"
+        self.phase = 0
+        self.ready = ready
 
     @property
     def num_tokens(self) -> int:

@@ -29,12 +29,20 @@ def entry_bytes(key: str) -> int:
     return len(key.encode("utf-8", "surrogatepass")) + SESSION_ENTRY_OVERHEAD_BYTES
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class SessionEntry:
     replica: str
     last_seen: float
     prompt_tokens: int | None = None  # the last turn's usage.prompt_tokens
     cached_tokens: int | None = None  # the last turn's usage.prompt_tokens_details.cached_tokens
+
+    # written out (init=False): compiled, the dataclasses module's __init__ runs interpreted
+    def __init__(self, replica: str, last_seen: float, prompt_tokens: int | None = None,
+                 cached_tokens: int | None = None) -> None:
+        self.replica = replica
+        self.last_seen = last_seen
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
 
 
 class SessionTable:

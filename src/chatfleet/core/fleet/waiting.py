@@ -24,7 +24,7 @@ from chatfleet.core.fleet.request import FleetRequest
 QueueKey = tuple[int, int, float]
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class Waiting:
     """One queued request. Compared by identity: two placements are never the same entry."""
 
@@ -38,8 +38,16 @@ class Waiting:
     # every bisection and every count of the requests ahead)
     key: QueueKey = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.key = (self.klass, 0 if self.avoid is not None else 1, self.seq)
+    # written out (init=False): compiled, the dataclasses module's __init__ runs interpreted
+    def __init__(self, request: FleetRequest, klass: int, seq: int, deadline: float,
+                 target: str | None, avoid: str | None = None) -> None:
+        self.request = request
+        self.klass = klass
+        self.seq = seq
+        self.deadline = deadline
+        self.target = target
+        self.avoid = avoid
+        self.key = (klass, 0 if avoid is not None else 1, seq)
 
 
 _KEY = operator.attrgetter("key")
