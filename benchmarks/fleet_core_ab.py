@@ -22,11 +22,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
+from twin_speed_ab import child  # benchmarks/: a child process on a version's src
+
 CHILD = r'''
-import gc, hashlib, json, time
+import gc, hashlib, importlib, json, time
 import chatfleet.jobs.plan as P
 from chatfleet.core.engine.build import build_engine
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
@@ -36,7 +37,7 @@ from chatfleet.twin.fleet import run_fleet_point
 runs = []
 class Captured(Exception):
     pass
-def capture(fleet_runs):
+def capture(fleet_runs, *_):  # the plan's worker pool and tick, where a version has them
     runs.extend(fleet_runs)
     raise Captured
 P.run_fleet_runs = capture
@@ -61,9 +62,10 @@ for r in runs:
     r.point()
     run_s = time.process_time() - t
     trace = FleetTrace()  # the same run again, its calls on Fleet recorded
-    P.run_fleet_point = lambda *a, **k: run_fleet_point(*a, trace=trace, **k)
+    home = importlib.import_module(type(r).__module__)  # jobs.plan, or jobs.plan_tasks
+    home.run_fleet_point = lambda *a, **k: run_fleet_point(*a, trace=trace, **k)
     r.point()
-    P.run_fleet_point = run_fleet_point
+    home.run_fleet_point = run_fleet_point
     names = [f"twin-{i}" for i in range(r.fleet.replicas)]
     settings = FleetSettings(queue_depth=r.fleet.queue_depth,
                              ttft_budget_s=r.fleet.ttft_budget_s,
@@ -79,20 +81,18 @@ for r in runs:
         decisions = replay(trace.calls, caps, settings, step)
         best = min(best, time.process_time() - t)
     gc.enable()
-    digest = hashlib.sha256(repr(decisions).encode()).hexdigest()[:16]
+    # every field of every decision, read by name (a Decision's repr differs between versions)
+    digest = hashlib.sha256(repr([
+        (d.request.request_id, d.outcome, d.at, d.replica, d.deadline, d.reason,
+         d.retry_after_s, d.retry_after_ms) for d in decisions]).encode()).hexdigest()[:16]
     rows.append({"run_s": run_s, "core_s": best, "calls": len(trace.calls),
                  "decisions": len(decisions), "digest": digest})
 print(json.dumps(rows))
 '''
 
 
-def child(src: str) -> list[dict[str, float | str]]:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
-                         cwd="/", check=False)
-    if out.returncode:
-        sys.exit(f"{src}: {out.stderr[-1500:]}")
-    rows: list[dict[str, float | str]] = json.loads(out.stdout)
+def runs_of(src: str) -> list[dict[str, float | str]]:
+    rows: list[dict[str, float | str]] = json.loads(child(src, CHILD))
     return rows
 
 
@@ -106,7 +106,7 @@ def main() -> None:
     seen: dict[str, list[list[dict[str, float | str]]]] = {k: [] for k in srcs}
     for _ in range(args.rounds):
         for k, src in srcs.items():
-            seen[k].append(child(src))
+            seen[k].append(runs_of(src))
     digests = {k: [row["digest"] for row in rounds[0]] for k, rounds in seen.items()}
     if digests["old"] != digests["new"]:
         sys.exit(f"the versions decide differently: {digests}")

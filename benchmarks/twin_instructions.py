@@ -22,23 +22,9 @@ import shutil
 import subprocess
 import sys
 
-POINT = r'''
-import sys
-from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.specs import builtin_model, get_gpu, precision
-from chatfleet.core.workload import LengthSpec, WorkloadConfig
-from chatfleet.twin.run import run_point
-try:
-    from chatfleet.core.documents.sweep import ClosedLoad
-    load = ClosedLoad(64)
-except ImportError:  # a version older than the typed documents
-    load = {"mode": "closed", "concurrency": 64}
-spec = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
-wcfg = WorkloadConfig(lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm"))
-virtual_s = float(sys.argv[1])
-warmup = min(30.0, virtual_s / 20)
-run_point(spec, wcfg, load, duration_s=virtual_s - warmup, warmup_s=warmup)
-'''
+from twin_speed_ab import POINT_SETUP  # the same point as the timed benchmark
+
+POINT = POINT_SETUP + "import sys\nrun(float(sys.argv[1]))\n"
 
 
 def instructions(src: str, virtual_s: float, native: bool) -> int:

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import time
 
-POINT = r'''
-import json, time
+# The point both this benchmark and twin_instructions.py measure: `run(virtual_s)` runs the
+# 64-user FP8 mixed-length point of `virtual_s` virtual seconds (its warm-up included)
+POINT_SETUP = r'''
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
@@ -28,14 +29,19 @@ from chatfleet.twin.run import run_point
 try:
     from chatfleet.core.documents.sweep import ClosedLoad
     load = ClosedLoad(64)
-except ImportError:
+except ImportError:  # a version older than the typed documents
     load = {"mode": "closed", "concurrency": 64}
 spec = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
 wcfg = WorkloadConfig(lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm"))
-def timed(virtual_s):
+def run(virtual_s):
     warmup = min(30.0, virtual_s / 20)
-    t = time.perf_counter()
     run_point(spec, wcfg, load, duration_s=virtual_s - warmup, warmup_s=warmup)
+'''
+POINT = POINT_SETUP + r'''
+import json, time
+def timed(virtual_s):
+    t = time.perf_counter()
+    run(virtual_s)
     return time.perf_counter() - t
 timed(6.0)
 print(json.dumps([(timed(600.0), timed(6.0)) for _ in range(3)]))
@@ -45,6 +51,8 @@ PLAN = ("import sys\nfrom chatfleet.cli.app import app\n"
 
 
 def child(src: str, code: str) -> str:
+    """What `code` prints, run in a fresh process with `src` (a version's src folder) first
+    on the path; a failure ends the benchmark with its error."""
     env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd="/", check=False)

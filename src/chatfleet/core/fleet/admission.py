@@ -92,7 +92,7 @@ class Decision:
     def __repr__(self) -> str:
         return (f"Decision({self.request.request_id!r}, {self.outcome!r}, at={self.at}, "
                 f"replica={self.replica!r}, deadline={self.deadline}, reason={self.reason!r}, "
-                f"retry_after_ms={self.retry_after_ms})")
+                f"retry_after_s={self.retry_after_s}, retry_after_ms={self.retry_after_ms})")
 
     @property
     def admitted(self) -> bool:
