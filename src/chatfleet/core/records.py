@@ -6,7 +6,7 @@ Times are seconds on one clock (virtual time in the twin, model time in live run
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 Outcome = Literal["ok", "shed", "error", "timeout", "cancelled"]
@@ -25,23 +25,22 @@ class RequestRecord:
     """
 
     request_id: str
-    session_id: str = ""
-    turn: int = 0
-    replica: str | None = None
-    scheduled_time: float = 0.0
-    send_time: float = 0.0
-    first_token_time: float | None = None
-    token_times: Sequence[float] = field(default_factory=list)
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    outcome: Outcome = "ok"
-    error: str | None = None
-    itl_estimated: bool = False
-    response_id: str | None = None
+    session_id: str
+    turn: int
+    replica: str | None
+    scheduled_time: float
+    send_time: float
+    first_token_time: float | None
+    token_times: Sequence[float]
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    outcome: Outcome
+    error: str | None
+    itl_estimated: bool
+    response_id: str | None
 
-    # written out (init=False): compiled, the __init__ the dataclasses module writes runs
-    # interpreted (0.96 us a record), this one natively; the twin makes one a request
+    # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, request_id: str, session_id: str = "", turn: int = 0,
                  replica: str | None = None, scheduled_time: float = 0.0,
                  send_time: float = 0.0, first_token_time: float | None = None,

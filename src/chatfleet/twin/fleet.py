@@ -96,11 +96,11 @@ class FleetConfig:
 class _Attempt:
     spec: RequestSpec
     attempt: int
-    replica: int | None = None
-    req: EngineRequest | None = None
-    offered: float = 0.0  # when the gateway got it
+    replica: int | None
+    req: EngineRequest | None
+    offered: float  # when the gateway got it
 
-    # written out: compiled, the dataclasses module's __init__ runs interpreted (one an attempt)
+    # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, spec: RequestSpec, attempt: int) -> None:
         self.spec = spec
         self.attempt = attempt

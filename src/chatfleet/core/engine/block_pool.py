@@ -42,9 +42,9 @@ class Block:
     holding it; at 0 it waits in the free queue, still a cache hit."""
 
     key: int
-    ref_cnt: int = 0
+    ref_cnt: int
 
-    # written out (init=False): compiled, the dataclasses module's __init__ runs interpreted
+    # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, key: int, ref_cnt: int = 0) -> None:
         self.key = key
         self.ref_cnt = ref_cnt

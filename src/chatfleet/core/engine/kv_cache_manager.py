@@ -20,7 +20,7 @@ directly (vllm_scheduler.py).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from chatfleet.core.engine.block_pool import (
@@ -47,16 +47,16 @@ class VLLMRequest:
 
     req: EngineRequest
     tokens: bytes  # prompt + every output it will produce, as token_bytes (hashed by prefix)
-    keys: list[int] = field(default_factory=list)  # chained hashes of its full blocks so far
-    blocks: list[Block] = field(default_factory=list)  # its leading cached blocks
-    num_blocks: int = 0  # blocks held (cached + not); derived while decoding
-    num_computed: int = 0  # vLLM's num_computed_tokens; derived while decoding
-    generated: int = 0  # tokens sampled so far; derived while decoding
-    mode: Mode = "waiting"
-    phase: int = 0  # decoding: (computed tokens - global step) mod block size
-    ready: float = 0.0  # when the API server has handed it to the engine core
+    keys: list[int]  # chained hashes of its full blocks so far
+    blocks: list[Block]  # its leading cached blocks
+    num_blocks: int  # blocks held (cached + not); derived while decoding
+    num_computed: int  # vLLM's num_computed_tokens; derived while decoding
+    generated: int  # tokens sampled so far; derived while decoding
+    mode: Mode
+    phase: int  # decoding: (computed tokens - global step) mod block size
+    ready: float  # when the API server has handed it to the engine core
 
-    # written out (init=False): compiled, the dataclasses module's __init__ runs interpreted
+    # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, req: EngineRequest, tokens: bytes, ready: float = 0.0) -> None:
         self.req = req
         self.tokens = tokens

@@ -33,10 +33,10 @@ def entry_bytes(key: str) -> int:
 class SessionEntry:
     replica: str
     last_seen: float
-    prompt_tokens: int | None = None  # the last turn's usage.prompt_tokens
-    cached_tokens: int | None = None  # the last turn's usage.prompt_tokens_details.cached_tokens
+    prompt_tokens: int | None  # the last turn's usage.prompt_tokens
+    cached_tokens: int | None  # the last turn's usage.prompt_tokens_details.cached_tokens
 
-    # written out (init=False): compiled, the dataclasses module's __init__ runs interpreted
+    # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, replica: str, last_seen: float, prompt_tokens: int | None = None,
                  cached_tokens: int | None = None) -> None:
         self.replica = replica

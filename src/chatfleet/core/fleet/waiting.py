@@ -17,7 +17,7 @@ import bisect
 import math
 import operator
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from chatfleet.core.fleet.request import FleetRequest
 
@@ -33,12 +33,12 @@ class Waiting:
     seq: int
     deadline: float
     target: str | None
-    avoid: str | None = None  # requeued: the replica it failed on, which it never goes back to
+    avoid: str | None  # requeued: the replica it failed on, which it never goes back to
     # its place in the queue: class, then requeued first, then seq (fixed: set once, read by
     # every bisection and every count of the requests ahead)
-    key: QueueKey = field(init=False)
+    key: QueueKey
 
-    # written out (init=False): compiled, the dataclasses module's __init__ runs interpreted
+    # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, request: FleetRequest, klass: int, seq: int, deadline: float,
                  target: str | None, avoid: str | None = None) -> None:
         self.request = request

@@ -54,11 +54,6 @@ def _segment_bytes(sid: int, n: int) -> memoryview | bytes:
     return ids.tobytes()
 
 
-# RequestSpec and Session write their __init__ out (init=False): compiled, the one the
-# dataclasses module writes runs interpreted, this one natively; a run makes one of each a
-# request (a session)
-
-
 @dataclass(slots=True, init=False)
 class RequestSpec:
     request_id: str
@@ -69,8 +64,9 @@ class RequestSpec:
     segments: tuple[tuple[int, int], ...]
     output_segments: tuple[tuple[int, int], ...]  # reasoning (if any), then content
     max_new_tokens: int
-    scheduled_time: float = 0.0
+    scheduled_time: float
 
+    # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, request_id: str, session_id: str, user: int, turn: int, group: int,
                  segments: tuple[tuple[int, int], ...],
                  output_segments: tuple[tuple[int, int], ...], max_new_tokens: int,
@@ -106,9 +102,10 @@ class Session:
     user: int
     group: int
     history: list[tuple[int, int]]
-    turn: int = 0
-    rng: random.Random | None = None  # the session's own draws (lengths, think times)
+    turn: int
+    rng: random.Random | None  # the session's own draws (lengths, think times)
 
+    # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, session_id: str, user: int, group: int, history: list[tuple[int, int]],
                  turn: int = 0, rng: random.Random | None = None) -> None:
         self.session_id = session_id
