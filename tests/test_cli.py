@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
+from chatfleet.cli.common import sigint_deferred
 
 runner = CliRunner()
 
@@ -466,11 +471,6 @@ def test_an_error_is_one_line_however_long_its_path(tmp_path: Path) -> None:
 def test_a_ctrl_c_during_a_progress_update_waits_for_the_updates_end() -> None:
     """The progress bar's updates defer SIGINT (a KeyboardInterrupt inside rich's lock could
     leave it held, and the bar's exit would wait for its refresh thread forever)."""
-    import os
-    import signal
-
-    from chatfleet.cli.common import sigint_deferred
-
     class Interrupted(Exception):
         pass
 
@@ -493,10 +493,6 @@ def test_a_ctrl_c_during_a_progress_update_waits_for_the_updates_end() -> None:
 def test_the_command_line_keeps_openblas_to_one_thread_unless_told(given: str | None,
                                                                      kept: str) -> None:
     # OpenBLAS's helper threads spin for CPU at numpy's import, in the plan's workers too
-    import os
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     if given is not None:
         env["OPENBLAS_NUM_THREADS"] = given
