@@ -4,6 +4,7 @@ the same progress."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -130,8 +131,7 @@ def test_one_precision_sweeps_here_while_the_fleet_runs_go_to_workers(
         return real(pool, tasks, *args, **kw)
 
     monkeypatch.setattr(WorkerPool, "run", run)
-    one = PlanRequest(**{**{f: getattr(SMALL, f) for f in SMALL.__dataclass_fields__},
-                         "precisions": (("fp8", "fp8"),)})
+    one = dataclasses.replace(SMALL, precisions=(("fp8", "fp8"),))
     here, _ = plan_on(1, monkeypatch, one)
     spawned, _ = plan_on(2, monkeypatch, one)
     assert [len(p) for p in spawns.pids] == [0, 2]
