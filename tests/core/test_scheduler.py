@@ -684,12 +684,12 @@ def test_token_times_of_a_request_that_finishes_at_prefill() -> None:
     b = req("b", ids(500, 10), 1)
     drive(s, [(0.0, a), (0.065, b)])
     assert b.finish_time == pytest.approx(0.07 + PREFILL, abs=TOL)
-    assert s.token_times(b) == [b.finish_time]
+    assert list(s.token_times(b)) == [b.finish_time]
 
 
 def test_token_times_match_the_steps_under_retraction() -> None:
     s, obs, reqs = run_random(seed=7, pool=200, n=40, chunk=48, policy="fcfs", ratio=0.05)
-    assert all(s.token_times(q) == obs.times[q.rid] for q in reqs)
+    assert all(list(s.token_times(q)) == obs.times[q.rid] for q in reqs)
 
 
 # ------------------------------------------------------------------------------------------

@@ -309,7 +309,7 @@ def test_the_newest_running_request_is_preempted_to_the_queue_front_and_recomput
     for r in (a, b, c):
         assert r.state == "finished"
         times = s.token_times(r)
-        assert len(times) == r.output_len and times == sorted(times)
+        assert len(times) == r.output_len and list(times) == sorted(times)
     # b's stream: its first token, a pause while it waited, then the rest
     tb = s.token_times(b)
     assert tb[0] == pytest.approx(PREFILL, abs=TOL)
@@ -375,7 +375,7 @@ def test_random_workloads_keep_the_pool_consistent_and_finish_every_request(
         assert r.state == "finished"
         times = s.token_times(r)
         assert len(times) == r.output_len
-        assert times == sorted(times)
+        assert list(times) == sorted(times)
     assert s.pool.num_free() == s.pool.num_usable  # every block back in the free queue
 
 
@@ -389,7 +389,7 @@ def test_decode_runs_give_exactly_what_single_steps_give(seed: int, blocks: int,
         arrivals = [(t, r) for t, r in _random_arrivals(seed, 10, 16)
                     if s.check_request(r.prompt_len, r.max_new_tokens) is None]
         drive(s, arrivals, horizon=horizon)
-        return [s.token_times(r) for _, r in arrivals]
+        return [list(s.token_times(r)) for _, r in arrivals]
 
     single = run(None)
     runs = run(1e9)

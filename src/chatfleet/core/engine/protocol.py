@@ -14,6 +14,7 @@ A shell's loop, in any clock:
 
 from __future__ import annotations
 
+from array import array
 from typing import Protocol
 
 from chatfleet.core.engine.request import EngineRequest
@@ -87,4 +88,4 @@ class EngineModel(Protocol):
 
     def decoding_requests(self) -> list[EngineRequest]: ...
 
-    def token_times(self, req: EngineRequest) -> list[float]: ...
+    def token_times(self, req: EngineRequest) -> array[float]: ...

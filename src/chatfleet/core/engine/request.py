@@ -95,10 +95,12 @@ class EngineRequest:
         if self.segments and self.segments[-1].end_step is None:
             self.segments[-1].end_step = step
 
-    def token_times(self, step_end_times: Sequence[float], num_steps: int) -> list[float]:
+    def token_times(self, step_end_times: array[float], num_steps: int) -> array[float]:
         """Every output token's emission time (the first included), from the end times of the
-        engine's decode steps (`num_steps` of them have completed)."""
-        out: list[float] = []
+        engine's decode steps (`num_steps` of them have completed), as array('d'): a slice of
+        the steps' array is one copy of bytes, and a point's figures read every request's
+        times as one buffer (a list's floats are read one by one)."""
+        out = array("d")
         for seg in self.segments:
             out.append(seg.first_token_time)
             stop = num_steps if seg.end_step is None else seg.end_step

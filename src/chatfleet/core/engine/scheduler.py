@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -98,7 +99,7 @@ class Scheduler:
         self.ratio_decay = (cfg.init_new_token_ratio - cfg.min_new_token_ratio) / max(
             1, cfg.new_token_ratio_decay_steps)
         self.num_decode_steps = 0  # completed
-        self.step_end_times: list[float] = []
+        self.step_end_times = array("d")  # every decode step's end time
         self.log = StepLog()
         self._finish_heap: list[tuple[int, int, int, EngineRequest]] = []
         self._seq = 0
@@ -527,7 +528,7 @@ class Scheduler:
                 if self.num_prefill_input_tokens else 0.0)
 
     # --- results -------------------------------------------------------------------------
-    def token_times(self, req: EngineRequest) -> list[float]:
+    def token_times(self, req: EngineRequest) -> array[float]:
         """Every output token's emission time (first included), from the step log."""
         return req.token_times(self.step_end_times, self.num_decode_steps)
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from array import array
 from collections import deque
 from collections.abc import Iterable
 
@@ -81,7 +82,7 @@ class VLLMScheduler:
         self.running: dict[str, VLLMRequest] = {}  # insertion order: vLLM's `running` list
         self.in_flight: Step | None = None
         self.num_steps = 0  # completed steps (a decode run counts each of its steps)
-        self.step_end_times: list[float] = []
+        self.step_end_times = array("d")  # every decode step's end time
         self.log = StepLog()
         # decoding requests: counts by phase, running sums, finish heap
         bs = cfg.block_size
@@ -561,7 +562,7 @@ class VLLMScheduler:
                          thermal)
 
     # --- results -------------------------------------------------------------------------
-    def token_times(self, req: EngineRequest) -> list[float]:
+    def token_times(self, req: EngineRequest) -> array[float]:
         return req.token_times(self.step_end_times, self.num_steps)
 
     def held_blocks(self) -> Iterable[tuple[str, int]]:
