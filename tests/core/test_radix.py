@@ -48,8 +48,9 @@ def check_invariants(cache: RadixCache) -> None:
             assert node.on_host
             assert node.lock_ref == 0
     leaves = {n for n in device if n.lock_ref == 0 and n.num_device_children == 0}
-    assert cache._device_leaves.members == leaves
-    assert cache._host_leaves.members == {n for n in nodes if not n.on_device and not n.children}
+    assert set(cache._device_leaves.members) == leaves
+    host_leaves = {n for n in nodes if not n.on_device and not n.children}
+    assert set(cache._host_leaves.members) == host_leaves
 
 
 def evict_order(cache: RadixCache, names: dict[int, str]) -> list[str]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from chatfleet.core.errors import ChatfleetError
 
@@ -181,33 +182,40 @@ class _LeafHeap:
 
     A node's key may change while it waits (an access, a hit): `touch` pushes a fresh entry and
     `pop` skips entries that are stale or whose node is no longer a member. This gives the order
-    of a heap built from the current leaves at evict time, without rebuilding it every call."""
+    of a heap built from the current leaves at evict time, without rebuilding it every call.
+
+    An entry is the node's key, its push number and the node, in one flat tuple (a nested key
+    tuple is compared twice, for equality then order, at every sift). `members` maps each
+    member to the push number of its newest entry, so an entry is current when its number is
+    its node's: every change of a member's key pushes (`RadixCache._touch`), and keys end with
+    the node's unique `seq`, so this is the entry whose key is the node's key now."""
 
     __slots__ = ("_entries", "_num_pushed", "key_of", "members")
 
     def __init__(self, key_of: Callable[[TreeNode], EvictKey]) -> None:
         self.key_of = key_of
-        self.members: set[TreeNode] = set()
-        self._entries: list[tuple[EvictKey, int, TreeNode]] = []
+        self.members: dict[TreeNode, int] = {}
+        self._entries: list[tuple[object, ...]] = []
         self._num_pushed = 0
 
     def add(self, node: TreeNode) -> None:
         if node not in self.members:
-            self.members.add(node)
             self.push(node)
 
     def discard(self, node: TreeNode) -> None:
-        self.members.discard(node)
+        self.members.pop(node, None)
 
     def touch(self, node: TreeNode) -> None:
         if node in self.members:
             self.push(node)
 
     def pop(self) -> TreeNode | None:
+        members = self.members
         while self._entries:
-            key, _, node = heapq.heappop(self._entries)
-            if node in self.members and key == self.key_of(node):
-                self.members.remove(node)
+            entry = heapq.heappop(self._entries)
+            node = cast(TreeNode, entry[-1])
+            if members.get(node, -1) == entry[-2]:
+                del members[node]
                 return node
         return None
 
@@ -218,12 +226,16 @@ class _LeafHeap:
     def push(self, node: TreeNode) -> None:
         """A fresh entry for a member whose key changed (or that just joined)."""
         self._num_pushed += 1
-        heapq.heappush(self._entries, (self.key_of(node), self._num_pushed, node))
+        self.members[node] = self._num_pushed
+        heapq.heappush(self._entries, (*self.key_of(node), self._num_pushed, node))
         if len(self._entries) > 2 * len(self.members) + 64:  # drop stale entries
-            start = self._num_pushed
-            self._num_pushed += len(self.members)
-            self._entries = [(self.key_of(x), start + i, x) for i, x in enumerate(self.members)]
-            heapq.heapify(self._entries)
+            entries: list[tuple[object, ...]] = []
+            for x in self.members:
+                self._num_pushed += 1
+                self.members[x] = self._num_pushed
+                entries.append((*self.key_of(x), self._num_pushed, x))
+            heapq.heapify(entries)
+            self._entries = entries
 
 
 class RadixCache:
