@@ -50,7 +50,7 @@ NATIVE_MODULES = (
     "core/engine/radix.py", "core/engine/request.py", "core/engine/scheduler.py",
     "core/engine/step.py", "core/engine/step_time.py", "core/engine/steplog.py",
     "core/engine/thermal.py", "core/engine/vllm_scheduler.py",
-    "core/workload/load.py", "core/workload/sessions.py",
+    "core/workload/lengths.py", "core/workload/load.py", "core/workload/sessions.py",
     "core/fleet/admission.py", "core/fleet/fairshare.py", "core/fleet/fleet.py",
     "core/fleet/health.py", "core/fleet/routing.py", "core/fleet/session.py",
     "core/fleet/waiting.py",

@@ -9,6 +9,8 @@ import statistics
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from chatfleet.core.documents.sweep import ClosedLoad, OpenLoad
 from chatfleet.core.workload import (
@@ -23,6 +25,7 @@ from chatfleet.core.workload import (
     driver_for,
     segment_tokens,
 )
+from chatfleet.core.workload.sessions import session_random
 
 
 def workload(seed: int = 1, **kw: Any) -> Workload:
@@ -77,6 +80,21 @@ def test_fixed_lengths() -> None:
     ins, outs = sample_many(LengthSpec("fixed", 512, 128), n=50)
     assert set(ins) == {512}
     assert set(outs) == {128}
+
+
+def test_lengths_draw_what_a_live_run_draws_from_the_same_generator() -> None:
+    """The draws a session's lengths take from its generator (the twin and a live run replay
+    the same ones): none for fixed lengths, one random() each for uniform ones (input first),
+    one randrange for pairs."""
+    fixed, std = random.Random(7), random.Random(7)
+    assert LengthSpec("fixed", 512, 128).sample(fixed) == (512, 128)
+    assert fixed.getstate() == std.getstate()
+    rng = random.Random(7)
+    assert LengthSpec("uniform", 100, 10, 0.5, "vllm").sample(rng) == (
+        50 + int(std.random() * 101), 5 + int(std.random() * 11))
+    assert rng.getstate() == std.getstate()
+    pairs = ((10, 1), (20, 2), (30, 3))
+    assert LengthSpec("file", pairs=pairs).sample(rng) == pairs[std.randrange(3)]
 
 
 def test_pairs_are_drawn_from_the_list() -> None:
@@ -227,6 +245,17 @@ def test_segment_tokens_follow_the_formula_at_any_length(n: int) -> None:
         want = [(sid * 7919 + j * 104729) % 151643 for j in range(n)]
         assert list(segment_tokens([(sid, n)])) == want
         assert list(segment_tokens([(sid, n), (sid, n)])) == want + want
+
+
+@given(st.text(max_size=40), st.integers(min_value=0, max_value=5))
+def test_a_sessions_generator_is_random_random_of_its_key(key: str, draws: int) -> None:
+    """session_random(key) seeds the C generator directly: the state, the draws and gauss's
+    cache are random.Random(key)'s."""
+    mine, std = session_random(key), random.Random(key)
+    assert mine.getstate() == std.getstate()
+    assert [mine.random() for _ in range(draws)] == [std.random() for _ in range(draws)]
+    assert mine.gauss(0.0, 1.0) == std.gauss(0.0, 1.0)
+    assert mine.gauss(0.0, 1.0) == std.gauss(0.0, 1.0)  # the second from gauss_next
 
 
 # ------------------------------------------------------------------------------------------

@@ -5,13 +5,13 @@ as `chatfleet plan` and the demo describe it."""
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Literal
 
 from chatfleet.core.defaults import SYSTEM_PROMPT_TOKENS
 from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.workload.lengths import LengthSampler, uniform_bounds
 
 LengthKind = Literal["fixed", "uniform", "sharegpt", "file"]
 RangeConvention = Literal["sglang", "vllm"]
@@ -60,30 +60,20 @@ class LengthSpec:
             if any(i <= 0 or o <= 0 for i, o in self.pairs):
                 raise WorkloadError("every length pair must be positive")
 
-    def sample(self, rng: random.Random) -> tuple[int, int]:
-        if self.kind == "fixed":
-            return self.input_len, self.output_len
-        if self.kind == "uniform":
-            return self._uniform(rng, self.input_len), self._uniform(rng, self.output_len)
-        return self.pairs[rng.randrange(len(self.pairs))]
+    def sampler(self) -> LengthSampler:
+        """What draws the lengths, once a request (compiled: core/workload/lengths.py)."""
+        return LengthSampler(self.kind, self.input_len, self.output_len, self.range_ratio,
+                             self.convention, self.pairs)
 
-    def _uniform(self, rng: random.Random, n: int) -> int:
-        """A uniform integer in the convention's closed range."""
-        r = self.range_ratio
-        if self.convention == "sglang":
-            lo, hi = max(int(n * r), 1), n
-        else:
-            lo, hi = max(1, math.floor(n * (1 - r))), math.ceil(n * (1 + r))
-        return lo + int(rng.random() * (hi - lo + 1))
+    def sample(self, rng: random.Random) -> tuple[int, int]:
+        return self.sampler().sample(rng)
 
     def max_lengths(self) -> tuple[int, int]:
         if self.kind == "fixed":
             return self.input_len, self.output_len
         if self.kind == "uniform":
-            if self.convention == "sglang":
-                return self.input_len, self.output_len
-            r = self.range_ratio
-            return math.ceil(self.input_len * (1 + r)), math.ceil(self.output_len * (1 + r))
+            return (uniform_bounds(self.input_len, self.range_ratio, self.convention)[1],
+                    uniform_bounds(self.output_len, self.range_ratio, self.convention)[1])
         return max(i for i, _ in self.pairs), max(o for _, o in self.pairs)
 
     def to_json(self) -> dict[str, object]:

@@ -11,6 +11,8 @@ Chat-template tokens around turns are not counted (a few per turn).
 
 from __future__ import annotations
 
+import _random
+import hashlib
 import random
 from array import array
 from collections.abc import Sequence
@@ -52,6 +54,18 @@ def _segment_bytes(sid: int, n: int) -> memoryview | bytes:
         return _TABLE[k * _ID_BYTES: (k + n) * _ID_BYTES]
     ids = (sid * _SEG_MUL + np.arange(n, dtype=np.int64) * _POS_MUL) % SYNTH_VOCAB
     return ids.tobytes()
+
+
+def session_random(key: str) -> random.Random:
+    """`random.Random(key)`, in the same state, without the interpreted `__init__` and `seed`
+    of random.py (a fifth of the 5 us that a session's generator costs): version-2 seeding
+    of a str gives the C generator the int of the str's UTF-8 bytes followed by their SHA-512
+    digest. A test compares the states."""
+    data = key.encode()
+    rng = random.Random.__new__(random.Random)
+    _random.Random.seed(rng, int.from_bytes(data + hashlib.sha512(data).digest(), "big"))
+    rng.gauss_next = None  # type: ignore[attr-defined]  # set by random.py, not in its stub
+    return rng
 
 
 @dataclass(slots=True, init=False)
@@ -136,6 +150,7 @@ class Workload:
         self._num_sessions = 0
         self._num_requests = 0
         self._sessions_of_user: dict[int, int] = {}
+        self._lengths = cfg.lengths.sampler()
 
     def draw_group(self, user: int, session_index: int, rng: random.Random) -> int:
         """The prompt group of a new session (`session_index`: sessions created so far; `rng`:
@@ -172,7 +187,7 @@ class Workload:
         creation; its prompt group is `draw_group`'s."""
         k = self._sessions_of_user.get(user, 0)
         self._sessions_of_user[user] = k + 1
-        rng = random.Random(f"{self._base_seed}/{user}/{k}")
+        rng = session_random(f"{self._base_seed}/{user}/{k}")
         group = self.draw_group(user, self._num_sessions, rng)
         self._num_sessions += 1
         history = [self.system_segment(group)] if self.cfg.system_prompt_tokens else []
@@ -181,7 +196,7 @@ class Workload:
 
     def next_turn(self, session: Session, scheduled_time: float) -> RequestSpec:
         """The session's next request; its answer's content joins the session's history."""
-        in_len, out_len = self.cfg.lengths.sample(session.rng or self.rng)
+        in_len, out_len = self._lengths.sample(session.rng or self.rng)
         user_seg = self._segment(in_len)
         segments = (*session.history, user_seg)
         reasoning = int(out_len * self.cfg.reasoning_share)
