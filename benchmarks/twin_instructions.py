@@ -28,7 +28,10 @@ POINT = POINT_SETUP + "import sys\nrun(float(sys.argv[1]))\n"
 
 
 def instructions(src: str, virtual_s: float, native: bool) -> int:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+    # a fixed hash seed (set and dict orders of str keys) and no OpenBLAS helper thread, whose
+    # spin-waits count too: the same code then counts the same, run after run
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(src), PYTHONHASHSEED="0",
+               OPENBLAS_NUM_THREADS="1")
     if not native:
         env["CHATFLEET_NATIVE"] = "0"
     out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
