@@ -236,6 +236,23 @@ def test_segment_tokens_are_vocabulary_ids_distinct_per_segment() -> None:
 
 
 
+@pytest.mark.parametrize("system", [0, 100])
+def test_a_prompt_built_on_the_shared_system_ids_is_its_segments_tokens(system: int) -> None:
+    w = workload(system_prompt_tokens=system, turns=3, prompt_groups=2)
+    specs = []
+    for u in range(3):
+        s = w.new_session(u)
+        specs += [w.next_turn(s, 0.0) for _ in range(3)]
+    assert all((sp.first_ids is not None) == (system > 0) for sp in specs)
+    for sp in specs:
+        got = sp.prompt_ids()
+        assert got == segment_tokens(sp.segments)
+        got[0] = -1  # a new array every time: the shared ids are never handed out
+        assert sp.prompt_ids() == segment_tokens(sp.segments)
+    if system:  # users 0 and 2 are in group 0 (round-robin): one array of its system prompt
+        assert specs[0].first_ids is specs[6].first_ids
+
+
 @pytest.mark.parametrize("n", [1, 2048, (1 << 16), 151643, 151643 + 7])
 def test_segment_tokens_follow_the_formula_at_any_length(n: int) -> None:
     """(sid x 7919 + j x 104729) mod 151643, for segments up to a whole period of the

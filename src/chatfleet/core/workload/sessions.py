@@ -16,7 +16,7 @@ import hashlib
 import random
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -79,12 +79,15 @@ class RequestSpec:
     output_segments: tuple[tuple[int, int], ...]  # reasoning (if any), then content
     max_new_tokens: int
     scheduled_time: float
+    # the first segment's token ids (the group's system prompt), shared by every request that
+    # starts with it; None: prompt_ids() builds them too. Not part of the spec's value.
+    first_ids: array[int] | None = field(repr=False, compare=False)
 
     # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, request_id: str, session_id: str, user: int, turn: int, group: int,
                  segments: tuple[tuple[int, int], ...],
                  output_segments: tuple[tuple[int, int], ...], max_new_tokens: int,
-                 scheduled_time: float = 0.0) -> None:
+                 scheduled_time: float = 0.0, first_ids: array[int] | None = None) -> None:
         self.request_id = request_id
         self.session_id = session_id
         self.user = user
@@ -94,6 +97,7 @@ class RequestSpec:
         self.output_segments = output_segments
         self.max_new_tokens = max_new_tokens
         self.scheduled_time = scheduled_time
+        self.first_ids = first_ids
 
     @property
     def prompt_len(self) -> int:
@@ -104,7 +108,11 @@ class RequestSpec:
         return sum(n for _, n in self.output_segments)
 
     def prompt_ids(self) -> array[int]:
-        return segment_tokens(self.segments)
+        if self.first_ids is None:
+            return segment_tokens(self.segments)
+        # one allocation of the whole prompt, where appending the rest to a copy of the first
+        # segment grew (moved) it: the twin builds every request's prompt
+        return self.first_ids + segment_tokens(self.segments[1:])
 
     def output_ids(self) -> array[int]:
         return segment_tokens(self.output_segments)
@@ -151,6 +159,7 @@ class Workload:
         self._num_requests = 0
         self._sessions_of_user: dict[int, int] = {}
         self._lengths = cfg.lengths.sampler()
+        self._system_ids: dict[int, array[int]] = {}  # by group, built at its first request
 
     def draw_group(self, user: int, session_index: int, rng: random.Random) -> int:
         """The prompt group of a new session (`session_index`: sessions created so far; `rng`:
@@ -176,6 +185,15 @@ class Workload:
 
     def system_segment(self, group: int) -> tuple[int, int]:
         return (group + 1, self.cfg.system_prompt_tokens)
+
+    def system_ids(self, group: int) -> array[int] | None:
+        """The token ids of the group's system prompt (None without one), built once."""
+        if not self.cfg.system_prompt_tokens:
+            return None
+        ids = self._system_ids.get(group)
+        if ids is None:
+            ids = self._system_ids[group] = segment_tokens((self.system_segment(group),))
+        return ids
 
     def _segment(self, n: int) -> tuple[int, int]:
         sid = self._next_segment
@@ -221,6 +239,7 @@ class Workload:
             output_segments=tuple(out_segs),
             max_new_tokens=out_len,
             scheduled_time=scheduled_time,
+            first_ids=self.system_ids(session.group),  # history[0] is the system prompt
         )
         session.turn += 1
         return spec
