@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from array import array
+from typing import Any
 
 import numpy as np
 import pytest
@@ -617,9 +618,19 @@ def test_in_flight_is_per_replica() -> None:
 # the vectorised summary agrees with the per-request definitions
 
 
+def held(times: list[float], kind: str) -> Any:
+    if kind == "ndarray":
+        return np.asarray(times)
+    return array("d", times) if kind == "array" else times
+
+
 @st.composite
 def records_strategy(draw: st.DrawFn) -> list[RequestRecord]:
     out = []
+    # how the records hold their times: the twin's array('d') (read as one buffer), lists
+    # and numpy arrays (read float by float), or a mix
+    kinds = ("list", "ndarray", "array")
+    kind = draw(st.sampled_from((*kinds, "mixed")))
     for i in range(draw(st.integers(0, 25))):
         send = draw(st.floats(0.0, 10.0))
         sched = send - draw(st.floats(0.0, 1.0))
@@ -633,7 +644,7 @@ def records_strategy(draw: st.DrawFn) -> list[RequestRecord]:
             scheduled_time=sched,
             send_time=send,
             first_token_time=draw(st.sampled_from([None, times[0]])) if times else None,
-            token_times=cast(Any, np.asarray(times)) if draw(st.booleans()) else times,
+            token_times=held(times, draw(st.sampled_from(kinds)) if kind == "mixed" else kind),
             prompt_tokens=100,
             cached_tokens=draw(st.integers(0, 100)),
             output_tokens=draw(st.sampled_from([n, 0, n + 3])),
