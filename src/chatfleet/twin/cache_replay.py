@@ -23,8 +23,8 @@ from chatfleet.core.engine.radix import RadixCache
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.engine.step import Step
+from chatfleet.twin.events import add_request, kick
 from chatfleet.twin.loop import Event, EventLoop
-from chatfleet.twin.run import add_request, kick
 
 
 class Replay:

@@ -37,15 +37,9 @@ from chatfleet.core.workload import (
     WorkloadConfig,
     driver_for,
 )
+from chatfleet.twin.events import add_request, kick, make_record
 from chatfleet.twin.loop import Event, EventLoop
-from chatfleet.twin.run import (
-    PointRun,
-    add_request,
-    engine_block,
-    gpu_block,
-    kick,
-    make_record,
-)
+from chatfleet.twin.run import PointRun, engine_block, gpu_block
 
 MAX_RETRIES = 20
 # The live gateway's hop to an engine and back, one way: about 1 ms each way plus the end of

@@ -3,14 +3,14 @@
 A point: a fresh (flushed) engine, a workload seeded with base seed + point index, a closed loop
 of N users or an open loop at a rate. Requests sent (closed) or scheduled (open) between the end
 of the warm-up and warm-up + duration form the measurement window; the run then drains them, for
-at most `drain_s` more seconds, after which unfinished ones count as timeouts.
+at most `drain_s` more seconds, after which unfinished ones count as timeouts. The loop's handlers
+live in twin/events.py (compiled); this module sets a point up and summarises it.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,6 @@ from chatfleet.core.engine.build import (
     thermal_profile_of,
 )
 from chatfleet.core.engine.protocol import EngineModel
-from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.steplog import KIND_CODES, StepLog
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.percentiles import time_weighted_percentile
@@ -44,13 +43,12 @@ from chatfleet.core.records import RequestRecord
 from chatfleet.core.slo import SLO
 from chatfleet.core.workload import (
     ClosedLoop,
-    OpenLoop,
-    RequestSpec,
     Workload,
     WorkloadConfig,
     driver_for,
 )
-from chatfleet.twin.loop import Event, EventLoop
+from chatfleet.twin.events import PointEvents, Route, route_by_user
+from chatfleet.twin.loop import EventLoop
 
 
 @dataclass(slots=True)
@@ -59,133 +57,6 @@ class PointRun:
     records: list[RequestRecord]
     scheduler: EngineModel
     num_events: int
-
-
-Route = Callable[[RequestSpec, list[EngineModel]], int]
-
-
-def route_by_user(spec: RequestSpec, replicas: list[EngineModel]) -> int:
-    """The default seam until the gateway's routing lands: a user's requests stay on one
-    replica (user index modulo replica count)."""
-    return spec.user % len(replicas)
-
-
-@dataclass(slots=True)
-class _Run:
-    scheds: list[EngineModel]
-    loop: EventLoop
-    driver: ClosedLoop | OpenLoop
-    window_end: float
-    route: Route
-    horizon: float = float("inf")  # the loop's stop time: a decode run never crosses it
-    step_gen: list[int] = field(default_factory=list)  # per replica: the live step event
-    specs: dict[str, RequestSpec] = field(default_factory=dict)
-    reqs: dict[str, tuple[int, EngineRequest]] = field(default_factory=dict)
-    records: list[RequestRecord] = field(default_factory=list)
-
-    # --- handlers (each returns the events it creates) -----------------------------------
-    def arrive(self, spec: RequestSpec, now: float) -> Iterable[Event]:
-        req = EngineRequest(spec.request_id, spec.prompt_ids(), spec.output_ids(),
-                            spec.max_new_tokens)
-        i = self.route(spec, self.scheds)
-        self.specs[spec.request_id] = spec
-        self.reqs[spec.request_id] = (i, req)
-        return add_request(self.loop, self.scheds, self.step_gen, i, req, now, self.horizon,
-                           self.step_end)
-
-    def open_arrival(self, spec: RequestSpec, now: float) -> Iterable[Event]:
-        assert isinstance(self.driver, OpenLoop)
-        out = list(self.arrive(spec, now))
-        nxt = self.driver.next_arrival(now)
-        if nxt.scheduled_time < self.window_end:
-            out.append(self.loop.at(nxt.scheduled_time, self.open_arrival, nxt))
-        return out
-
-    def step_end(self, key: tuple[int, int], now: float) -> Iterable[Event]:
-        i, gen = key
-        if gen != self.step_gen[i]:
-            return []  # a decode run that was cut short since
-        res = self.scheds[i].complete(now)
-        out: list[Event] = []
-        horizon = self.horizon
-        for req in res.finished:
-            spec = self.specs.pop(req.rid)
-            del self.reqs[req.rid]
-            self.records.append(self._record(i, spec, req, "ok"))
-            nxt = self.driver.on_done(spec, now)
-            if nxt is not None and nxt.scheduled_time < self.window_end:
-                out.append(self.loop.at(nxt.scheduled_time, self.arrive, nxt))
-                horizon = min(horizon, nxt.scheduled_time)
-        out.extend(self._kick(i, now, horizon))
-        return out
-
-    def _kick(self, i: int, now: float, horizon: float | None = None) -> list[Event]:
-        """`horizon`: a known arrival before the loop's stop time. A decode run is cut at the
-        step running when a request arrives, so one that would be cut need not be planned
-        beyond it (any horizon gives the same steps; a nearer one, fewer events)."""
-        return kick(self.loop, self.scheds, self.step_gen, i, now,
-                    self.horizon if horizon is None else horizon, self.step_end)
-
-    def _record(self, i: int, spec: RequestSpec, req: EngineRequest,
-                outcome: str) -> RequestRecord:
-        return make_record(self.scheds[i], f"twin-{i}", spec, req, spec.request_id,
-                           spec.scheduled_time, outcome)
-
-
-def kick(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int, now: float,
-         horizon: float, step_end: Callable[[tuple[int, int], float], Iterable[Event]],
-         ) -> list[Event]:
-    """Start replica i's next step if it is idle with work; its end event carries a fresh
-    generation number, so an end made stale by a cut decode run is skipped."""
-    sched = scheds[i]
-    if sched.in_flight is not None or not sched.has_work():
-        return []
-    step = sched.schedule(now, horizon=horizon)
-    if step is None:
-        wake = sched.next_ready_time()
-        if wake is not None and wake > now:  # a request the engine does not see yet
-            return [loop.at(wake, lambda j, t: kick(loop, scheds, step_gen, j, t, horizon,
-                                                      step_end), i)]
-        return []
-    step_gen[i] += 1
-    return [loop.at(step.end, step_end, (i, step_gen[i]))]
-
-
-def add_request(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int,
-                req: EngineRequest, now: float, horizon: float,
-                step_end: Callable[[tuple[int, int], float], Iterable[Event]]) -> list[Event]:
-    """Hand `req` to replica i's scheduler: a decode run in progress must stop after the step
-    running now (so the scheduler sees the request), an idle replica starts a step."""
-    sched = scheds[i]
-    sched.add_request(req, now)
-    if sched.in_flight is not None:
-        new_end = sched.truncate_decode_run(now)
-        if new_end is None:
-            return []
-        step_gen[i] += 1
-        return [loop.at(new_end, step_end, (i, step_gen[i]))]
-    return kick(loop, scheds, step_gen, i, now, horizon, step_end)
-
-
-def make_record(sched: EngineModel, replica: str, spec: RequestSpec, req: EngineRequest,
-                request_id: str, arrived: float, outcome: str) -> RequestRecord:
-    """The record of a request the engine model served (token times from its step log)."""
-    times = sched.token_times(req)
-    return RequestRecord(
-        request_id=request_id,
-        session_id=spec.session_id,
-        turn=spec.turn,
-        replica=replica,
-        scheduled_time=arrived,
-        send_time=arrived,
-        first_token_time=req.first_token_time,
-        token_times=times,
-        prompt_tokens=req.prompt_len,
-        cached_tokens=req.num_cached_tokens,  # host-tier hits included
-        output_tokens=len(times),
-        outcome=outcome,  # type: ignore[arg-type]
-        error=None if outcome == "ok" else "not finished when the drain limit ran out",
-    )
 
 
 def run_point(
@@ -223,8 +94,7 @@ def run_point(
     loop = EventLoop()
     window_end = warmup_s + duration_s
     driver = driver_for(load, workload)
-    run = _Run(scheds, loop, driver, window_end, route, horizon=window_end + drain_s,
-               step_gen=[0] * replicas)
+    run = PointEvents(scheds, loop, driver, window_end, route, horizon=window_end + drain_s)
     if isinstance(driver, ClosedLoop):
         loop.push(loop.at(s.scheduled_time, run.arrive, s) for s in driver.start())
     else:
@@ -233,7 +103,7 @@ def run_point(
     loop.run(until=window_end + drain_s)
     for rid, pending in list(run.specs.items()):
         i, req = run.reqs[rid]
-        run.records.append(run._record(i, pending, req, "timeout"))
+        run.records.append(run.record(i, pending, req, "timeout"))
     point = summarize_point(
         run.records,
         load=load,
