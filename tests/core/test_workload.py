@@ -9,8 +9,6 @@ import statistics
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from chatfleet.core.documents.sweep import ClosedLoad, OpenLoad
 from chatfleet.core.workload import (
@@ -25,7 +23,6 @@ from chatfleet.core.workload import (
     driver_for,
     segment_tokens,
 )
-from chatfleet.core.workload.sessions import session_random
 
 
 def workload(seed: int = 1, **kw: Any) -> Workload:
@@ -262,17 +259,6 @@ def test_segment_tokens_follow_the_formula_at_any_length(n: int) -> None:
         want = [(sid * 7919 + j * 104729) % 151643 for j in range(n)]
         assert list(segment_tokens([(sid, n)])) == want
         assert list(segment_tokens([(sid, n), (sid, n)])) == want + want
-
-
-@given(st.text(max_size=40), st.integers(min_value=0, max_value=5))
-def test_a_sessions_generator_is_random_random_of_its_key(key: str, draws: int) -> None:
-    """session_random(key) seeds the C generator directly: the state, the draws and gauss's
-    cache are random.Random(key)'s."""
-    mine, std = session_random(key), random.Random(key)
-    assert mine.getstate() == std.getstate()
-    assert [mine.random() for _ in range(draws)] == [std.random() for _ in range(draws)]
-    assert mine.gauss(0.0, 1.0) == std.gauss(0.0, 1.0)
-    assert mine.gauss(0.0, 1.0) == std.gauss(0.0, 1.0)  # the second from gauss_next
 
 
 # ------------------------------------------------------------------------------------------

@@ -11,8 +11,6 @@ Chat-template tokens around turns are not counted (a few per turn).
 
 from __future__ import annotations
 
-import _random
-import hashlib
 import random
 from array import array
 from collections.abc import Sequence
@@ -54,18 +52,6 @@ def _segment_bytes(sid: int, n: int) -> memoryview | bytes:
         return _TABLE[k * _ID_BYTES: (k + n) * _ID_BYTES]
     ids = (sid * _SEG_MUL + np.arange(n, dtype=np.int64) * _POS_MUL) % SYNTH_VOCAB
     return ids.tobytes()
-
-
-def session_random(key: str) -> random.Random:
-    """`random.Random(key)`, in the same state, without the interpreted `__init__` and `seed`
-    of random.py (a fifth of the 5 us that a session's generator costs): version-2 seeding
-    of a str gives the C generator the int of the str's UTF-8 bytes followed by their SHA-512
-    digest. A test compares the states."""
-    data = key.encode()
-    rng = random.Random.__new__(random.Random)
-    _random.Random.seed(rng, int.from_bytes(data + hashlib.sha512(data).digest(), "big"))
-    rng.gauss_next = None  # type: ignore[attr-defined]  # set by random.py, not in its stub
-    return rng
 
 
 @dataclass(slots=True, init=False)
@@ -205,7 +191,7 @@ class Workload:
         creation; its prompt group is `draw_group`'s."""
         k = self._sessions_of_user.get(user, 0)
         self._sessions_of_user[user] = k + 1
-        rng = session_random(f"{self._base_seed}/{user}/{k}")
+        rng = random.Random(f"{self._base_seed}/{user}/{k}")
         group = self.draw_group(user, self._num_sessions, rng)
         self._num_sessions += 1
         history = [self.system_segment(group)] if self.cfg.system_prompt_tokens else []
