@@ -97,8 +97,8 @@ class TreeNode:
 
 
 class MatchResult:
-    """A prefix match (a plain class: compiled, a dataclass is built by an interpreted
-    __init__, and every admission matches)."""
+    """A prefix match (a plain class, as every admission matches: chatfleet/_native.py says
+    why)."""
 
     __slots__ = ("device_len", "host_len", "host_node", "node")
 

@@ -12,9 +12,8 @@ if TYPE_CHECKING:
 ReqState = Literal["waiting", "prefilling", "running", "finished", "aborted"]
 
 
-# Segment and EngineRequest are plain classes, not dataclasses: compiled
-# (chatfleet/_native.py), a dataclass is built by the interpreted __init__ that the dataclasses
-# module writes (0.94 us an EngineRequest), a plain class natively; the twin makes one a request.
+# Segment and EngineRequest are plain classes, not dataclasses: chatfleet/_native.py says why
+# (the twin makes one a request).
 
 
 class Segment:

@@ -15,9 +15,8 @@ class Step:
     """One scheduled step. SGLang's steps are `prefill` or `decode`; vLLM's are `decode`
     (decodes only), `prefill` (prefill chunks only) or `mixed` (both, under one token budget).
 
-    Step and StepResult are plain classes, not dataclasses: compiled (chatfleet/_native.py), a
-    dataclass is built by the interpreted __init__ the dataclasses module writes (0.7 us a Step,
-    and one of each per engine step), a plain class natively."""
+    Step and StepResult are plain classes, not dataclasses (one of each per engine step):
+    chatfleet/_native.py says why."""
 
     __slots__ = ("batch", "decode_ends", "decode_reqs", "duration", "kind", "num_cached_tokens",
                  "num_decode", "num_prefill_tokens", "num_waiting", "start")

@@ -67,10 +67,9 @@ class Decision:
     may change before admission), `deadline` when it will be shed. shed: `reason`, and the
     Retry-After as whole seconds (the HTTP header) and milliseconds (`retry-after-ms`).
 
-    A value that never changes: its attributes are Final, which mypy enforces. It is a plain
-    class, not a frozen dataclass, because compiled (chatfleet/_native.py) a frozen dataclass
-    builds each instance through Python's dataclass machinery: 1.1 us where this takes 0.05 us,
-    and the fleet twin's overloaded hour makes some 100,000 of them.
+    A value that never changes: its attributes are Final, which mypy enforces. A plain class,
+    not a frozen dataclass (the fleet twin's overloaded hour makes some 100,000):
+    chatfleet/_native.py says why.
     """
 
     __slots__ = ("at", "deadline", "outcome", "reason", "replica", "request", "retry_after_ms",
