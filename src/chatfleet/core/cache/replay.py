@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from chatfleet.core.cache.trace import Turn, check_trace, common_prefix_len, sessions_of, sort_trace
 from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY, check_host_tier
 from chatfleet.core.engine.radix import EVICTION_POLICIES, RadixCache
 from chatfleet.core.errors import ChatfleetError
 
@@ -45,12 +46,10 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.pool_tokens <= 0:
             raise ChatfleetError(f"pool tokens must be positive, got {self.pool_tokens}")
-        if self.host_pool_tokens < 0:
-            raise ChatfleetError(f"host pool tokens must not be negative, got "
-                                 f"{self.host_pool_tokens}")
         if self.policy not in EVICTION_POLICIES:
             raise ChatfleetError(f"unknown eviction policy {self.policy!r}; one of "
                                  f"{', '.join(EVICTION_POLICIES)}")
+        check_host_tier(self.pool_tokens, self.host_pool_tokens, DEFAULT_WRITE_POLICY)
 
     def engine_spec(self, base: EngineSpec) -> EngineSpec:
         """`base` (GPU, model, precision, calibration) with this pool, policy and host tier;
@@ -116,7 +115,7 @@ class ReplayLedger:
         check_trace(trace)
         self.trace = sort_trace(trace)
         self.cfg = cfg
-        self.shadow = RadixCache("lru", 0)  # never evicts: the unbounded pool
+        self.shadow = RadixCache("lru")  # never evicts: the unbounded pool
         by_session = sessions_of(self.trace)
         self.index = {(t.session, t.turn): i for i, t in enumerate(self.trace)}
         self.first_turns = sorted(self.index[(ts[0].session, 1)] for ts in by_session.values())
