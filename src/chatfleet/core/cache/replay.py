@@ -42,6 +42,7 @@ class CacheConfig:
     pool_tokens: int
     policy: str = DEFAULT_POLICY
     host_pool_tokens: int = 0
+    write_policy: str = DEFAULT_WRITE_POLICY  # the host tier's (SGLang's --hicache-write-policy)
 
     def __post_init__(self) -> None:
         if self.pool_tokens <= 0:
@@ -49,14 +50,15 @@ class CacheConfig:
         if self.policy not in EVICTION_POLICIES:
             raise ChatfleetError(f"unknown eviction policy {self.policy!r}; one of "
                                  f"{', '.join(EVICTION_POLICIES)}")
-        check_host_tier(self.pool_tokens, self.host_pool_tokens, DEFAULT_WRITE_POLICY)
+        check_host_tier(self.pool_tokens, self.host_pool_tokens, self.write_policy)
 
     def engine_spec(self, base: EngineSpec) -> EngineSpec:
         """`base` (GPU, model, precision, calibration) with this pool, policy and host tier;
         the thermal model off (the cache question is about tokens, not clocks)."""
         return dataclasses.replace(base, pool_tokens=self.pool_tokens,
                                    eviction_policy=self.policy,
-                                   host_pool_tokens=self.host_pool_tokens, thermal=False)
+                                   host_pool_tokens=self.host_pool_tokens,
+                                   hicache_write_policy=self.write_policy, thermal=False)
 
 
 @dataclass(slots=True)
@@ -89,6 +91,7 @@ class ReplayResult:
     waited: int  # turns left in the queue when the scheduler chose a decode step instead
     not_admitted: int
     retractions: int = 0
+    span_s: float = 0.0  # from the first turn sent to the last
 
 
 def union_size(seqs: Sequence[array[int]]) -> int:
@@ -202,4 +205,5 @@ class ReplayLedger:
         return ReplayResult(
             self.cfg, outcomes, evicted_tokens, loaded_back_tokens, max(samples),
             sum(samples) / len(samples), self.in_flight_peak, len(self.waited_ids),
-            sum(1 for o in outcomes if not o.admitted), retractions)
+            sum(1 for o in outcomes if not o.admitted), retractions,
+            max(self.arrived_at.values()) - min(self.arrived_at.values()))
