@@ -168,7 +168,8 @@ def host_pool_tokens_of(spec: EngineSpec, host_pool_tokens: int, hicache_ratio: 
     if len(given) > 1:
         fail(f"give the host tier's size once: {' and '.join(given)} were both given")
     if host_pool_tokens < 0:
-        fail(f"--host-pool-tokens must be >= 0, got {host_pool_tokens}")
+        fail(f"--host-pool-tokens: host pool tokens must not be negative, got "
+             f"{host_pool_tokens}")
     if hicache_size is not None and not hicache_size > 0:
         fail(f"--hicache-size must be a positive number of GB, got {hicache_size}")
     if hicache_ratio is None and hicache_size is None:
