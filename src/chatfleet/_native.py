@@ -45,11 +45,12 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # and compiled code turns an int into a float where a float is annotated, which the knee's
 # loads are).
 NATIVE_MODULES = (
-    "core/engine/block_pool.py", "core/engine/decode_run.py", "core/engine/kv_cache_manager.py",
+    "core/engine/block_pool.py", "core/engine/decode_run.py", "core/engine/eviction.py",
+    "core/engine/host_tier.py", "core/engine/kv_cache_manager.py",
     "core/engine/kv_pool.py", "core/engine/mixed_step.py", "core/engine/prefill_adder.py",
     "core/engine/radix.py", "core/engine/request.py", "core/engine/scheduler.py",
     "core/engine/step.py", "core/engine/step_time.py", "core/engine/steplog.py",
-    "core/engine/thermal.py", "core/engine/vllm_scheduler.py",
+    "core/engine/thermal.py", "core/engine/tree_node.py", "core/engine/vllm_scheduler.py",
     "core/workload/lengths.py", "core/workload/load.py", "core/workload/sessions.py",
     "core/fleet/admission.py", "core/fleet/fairshare.py", "core/fleet/fleet.py",
     "core/fleet/health.py", "core/fleet/routing.py", "core/fleet/session.py",

@@ -6,9 +6,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chatfleet.core.engine.host_tier import (
+    WRITE_POLICIES,
+    HiRadixCache,
+    HostTierConfig,
+    make_tree,
+)
 from chatfleet.core.engine.radix import EVICTION_POLICIES, RadixCache, TreeNode
 
 # ----- helpers -----
+
+
+def hi(host_tokens: int, policy: str = "lru", write: str = "write_through") -> HiRadixCache:
+    return HiRadixCache(policy, HostTierConfig(host_tokens, write))
 
 
 def walk(cache: RadixCache) -> list[TreeNode]:
@@ -256,7 +266,9 @@ def test_bad_policy_and_size() -> None:
     with pytest.raises(ValueError):
         RadixCache("random")
     with pytest.raises(ValueError):
-        RadixCache("lru", host_capacity_tokens=-1)
+        HostTierConfig(-1)
+    with pytest.raises(ValueError, match="write policy"):
+        HostTierConfig(10, "write_around")
     assert RadixCache("LRU").policy == "lru"
 
 
@@ -264,7 +276,7 @@ def test_bad_policy_and_size() -> None:
 
 
 def test_host_tier_keeps_evicted_prefix_matchable() -> None:
-    cache = RadixCache(host_capacity_tokens=100)
+    cache = hi(100)
     seq = list(range(10))
     assert cache.insert(seq, now=0.0) == 10
     assert cache.host_size() == 10  # write-through
@@ -290,7 +302,7 @@ def test_host_tier_keeps_evicted_prefix_matchable() -> None:
 
 
 def test_insert_brings_host_only_nodes_back() -> None:
-    cache = RadixCache(host_capacity_tokens=100)
+    cache = hi(100)
     cache.insert([1, 2, 3, 4], now=0.0)
     cache.evict(4, now=1.0)
     assert cache.insert([1, 2, 3, 4, 5], now=2.0) == 5
@@ -300,7 +312,7 @@ def test_insert_brings_host_only_nodes_back() -> None:
 
 
 def test_host_capacity_respected_with_lru_host_eviction() -> None:
-    cache = RadixCache(host_capacity_tokens=10)
+    cache = hi(10)
     cache.insert([1] * 6, now=0.0)
     cache.evict(6, now=1.0)  # [1]*6 is host-only now
     assert cache.host_size() == 6
@@ -311,13 +323,16 @@ def test_host_capacity_respected_with_lru_host_eviction() -> None:
     assert cache.host_size() == 9
     assert cache.match_prefix([1] * 6, now=6.0).host_len == 0
     assert cache.match_prefix([2] * 4, now=6.0).host_len == 4
-    cache.insert([4] * 11, now=7.0)  # larger than the host: never backed up
-    assert cache.host_size() == 9
+    # larger than the host: as SGLang's write_backup, the write first drops host-only leaves
+    # for its size ([2]*4; [3]*5 is still on the device) and then finds no room anyway
+    cache.insert([4] * 11, now=7.0)
+    assert cache.host_size() == 5
+    assert cache.num_host_evicted_tokens == 10
     cache.evict(100, now=8.0)
     assert cache.total_size() == 0
     assert cache.match_prefix([4] * 11, now=9.0).host_len == 0
+    assert cache.match_prefix([2] * 4, now=9.0).host_len == 0
     assert cache.match_prefix([3] * 5, now=9.0).host_len == 5
-    assert cache.num_host_evicted_tokens == 6
     check_invariants(cache)
 
 
@@ -331,7 +346,7 @@ def test_no_host_tier_drops_evicted_nodes() -> None:
 
 
 def test_evicting_node_without_host_copy_drops_host_only_children() -> None:
-    cache = RadixCache(host_capacity_tokens=4)
+    cache = hi(4)
     cache.insert([1, 2, 3, 4, 5, 6], now=0.0)  # larger than the host: no copy
     cache.insert([1, 2, 3, 4, 5, 6, 7, 8], now=1.0)  # [7, 8] is copied
     assert cache.host_size() == 2
@@ -347,7 +362,7 @@ def test_evicting_node_without_host_copy_drops_host_only_children() -> None:
 
 
 def test_stale_match_is_rejected() -> None:
-    cache = RadixCache(host_capacity_tokens=4)
+    cache = hi(4)
     cache.insert([1, 2, 3, 4], now=0.0)
     cache.evict(4, now=1.0)
     m = cache.match_prefix([1, 2, 3, 4], now=2.0)
@@ -360,7 +375,7 @@ def test_stale_match_is_rejected() -> None:
 
 
 def test_reset() -> None:
-    cache = RadixCache(host_capacity_tokens=50)
+    cache = hi(50)
     cache.insert([4, 5], now=0.0)
     cache.insert([1, 2, 3], now=1.0)
     assert cache.evict(2, now=2.0) == 2  # [4, 5] kept on host
@@ -464,12 +479,13 @@ op_st = st.one_of(
 @given(
     policy=st.sampled_from(EVICTION_POLICIES),
     host_capacity=st.sampled_from([0, 6, 20, 1000]),
+    write=st.sampled_from(WRITE_POLICIES),
     ops=st.lists(op_st, max_size=40),
 )
 def test_random_operations_keep_sizes_consistent(
-    policy: str, host_capacity: int, ops: list[Op]
+    policy: str, host_capacity: int, write: str, ops: list[Op]
 ) -> None:
-    cache = RadixCache(policy, host_capacity_tokens=host_capacity)
+    cache = make_tree(policy, host_capacity, write)
     running: Running = []
     for now, op in enumerate(ops):
         apply_op(cache, running, op, float(now))
@@ -480,14 +496,15 @@ def test_random_operations_keep_sizes_consistent(
 @given(
     policy=st.sampled_from(EVICTION_POLICIES),
     host_capacity=st.sampled_from([0, 8, 30]),
+    write=st.sampled_from(WRITE_POLICIES),
     rng=st.randoms(use_true_random=False),
 )
 def test_long_random_walks_keep_sizes_consistent(
-    policy: str, host_capacity: int, rng: random.Random
+    policy: str, host_capacity: int, write: str, rng: random.Random
 ) -> None:
     """Longer runs than the op lists above, with a shared prefix, so that host-only nodes,
-    load-backs and host eviction happen often."""
-    cache = RadixCache(policy, host_capacity_tokens=host_capacity)
+    load-backs and host eviction happen often, under every write policy."""
+    cache = make_tree(policy, host_capacity, write)
     running: Running = []
     prefixes = [[rng.randrange(3) for _ in range(rng.randrange(1, 6))] for _ in range(4)]
 

@@ -730,7 +730,7 @@ def drive_with_horizon(s: Scheduler, arrivals: list[tuple[float, EngineRequest]]
 
 # the example a CI run found: a run that evicted cached prefixes for all its steps at once, cut
 # short by an arrival, had evicted the prefix that arrival would have hit after single steps
-@example(seed=481, pool=120, n=5, chunk=16, ratio=0.7)
+@example(seed=481, pool=120, n=5, chunk=16, ratio=0.7, host="off")
 @settings(max_examples=80, deadline=None)
 @given(
     seed=st.integers(0, 10**6),
@@ -738,13 +738,18 @@ def drive_with_horizon(s: Scheduler, arrivals: list[tuple[float, EngineRequest]]
     n=st.integers(1, 20),
     chunk=st.sampled_from([16, 4096]),
     ratio=st.sampled_from([0.7, 0.05]),
+    host=st.sampled_from(["off", "write_through", "write_back"]),
 )
 def test_decode_runs_give_what_single_steps_give(seed: int, pool: int, n: int, chunk: int,
-                                                 ratio: float) -> None:
+                                                 ratio: float, host: str) -> None:
+    """With a host tier too: under write-back an eviction costs the step its copy, so a run
+    takes no step that would evict."""
     def build() -> tuple[Scheduler, list[tuple[float, EngineRequest]]]:
         arrivals = random_workload(random.Random(seed), pool, n)
+        tier = {} if host == "off" else {"host_pool_tokens": 2 * pool,
+                                         "hicache_write_policy": host}
         s = make(pool, chunk=chunk, init_new_token_ratio=ratio,
-                 min_new_token_ratio=min(ratio, 0.098))
+                 min_new_token_ratio=min(ratio, 0.098), **tier)
         return s, arrivals
 
     single, a1 = build()
@@ -761,6 +766,7 @@ def test_decode_runs_give_what_single_steps_give(seed: int, pool: int, n: int, c
     assert runs.num_retractions == single.num_retractions
     assert runs.num_decode_steps == single.num_decode_steps
     assert runs.tree.num_evicted_tokens == single.tree.num_evicted_tokens
+    assert runs.tree.num_loaded_back_tokens == single.tree.num_loaded_back_tokens
 
 
 def test_decode_run_until_the_first_finish_and_cut_by_an_arrival() -> None:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from chatfleet.core.calibration import (
     ASSUMED_DECODE_FIXED_S,
     ASSUMED_EAGER_S,
+    ASSUMED_HOST_IO_EFF,
     L4_CALIBRATION,
     C1Point,
     fit_l4,
@@ -219,13 +220,31 @@ def test_prefill_sm_factor_scales_compute() -> None:
     assert slow == pytest.approx(2 * base, rel=1e-12)
 
 
-def test_prefill_reads_the_cached_prefix_and_pays_pcie_for_load_back() -> None:
+def test_prefill_reads_the_cached_prefix() -> None:
     pairs = attention_pairs(1000, 100)
     base = BF16.prefill_s(100, pairs, 0, 1)
     with_cache = BF16.prefill_s(100, pairs, 1000, 1)
     assert with_cache - base == pytest.approx(1000 * KV_BF16 / hand_bandwidth(), rel=1e-9)
-    loaded = BF16.prefill_s(100, pairs, 0, 1, load_back_tokens=1000)
-    assert loaded - base == pytest.approx(1000 * KV_BF16 / 25e9, rel=1e-9)  # L4 PCIe 25 GB/s
+
+
+def test_a_load_back_runs_beside_the_prefill_layer_by_layer() -> None:
+    """HiCache copies the loaded KV on its own stream, layer by layer, and each layer waits
+    for its own copy: the step takes the longer of the forward pass and the copy, plus one of
+    the 36 layers' share of the shorter."""
+    pairs = attention_pairs(1000, 100)
+    fixed = L4_CALIBRATION.prefill_fixed_s
+    forward = BF16.prefill_s(100, pairs, 0, 1) - fixed
+    link = 64e9 / 2 * ASSUMED_HOST_IO_EFF  # the L4 datasheet's PCIe Gen4 x16, one direction
+    assert BF16.host_transfer_s(1000) == pytest.approx(1000 * KV_BF16 / link, rel=1e-12)
+    small = 1000 * KV_BF16 / link  # 5.8 ms, well under the forward pass (about 75 ms)
+    assert BF16.prefill_s(100, pairs, 0, 1, load_back_tokens=1000) == pytest.approx(
+        fixed + forward + small / 36, rel=1e-9)
+    big = 20_000 * KV_BF16 / link  # 115 ms: now the copy is the longer
+    assert big > forward
+    assert BF16.prefill_s(100, pairs, 0, 1, load_back_tokens=20_000) == pytest.approx(
+        fixed + big + forward / 36, rel=1e-9)
+    # either way far less than copying first and computing after
+    assert BF16.prefill_s(100, pairs, 0, 1, load_back_tokens=20_000) < fixed + forward + big
 
 
 def test_attention_pairs_by_hand() -> None:

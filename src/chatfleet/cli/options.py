@@ -1,9 +1,10 @@
 """What the commands share to read their options: arrivals, lengths, prompt groups, load
-points, the engine model and calibration profiles, each flag's value checked and turned into
-the core's types (a bad one is a one-line error)."""
+points, the engine model and calibration profiles, the host tier (HiCache), each flag's value
+checked and turned into the core's types (a bad one is a one-line error)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,9 @@ from typing import Any
 from chatfleet.cli.common import console, fail, parse_list
 from chatfleet.core.calibration import Calibration
 from chatfleet.core.documents.sweep import ClosedLoad, Load, OpenLoad
-from chatfleet.core.engine.build import ENGINE_MODELS
+from chatfleet.core.engine.build import ENGINE_MODELS, EngineSpec
+from chatfleet.core.engine.host_tier import WRITE_POLICIES
+from chatfleet.core.memory import HICACHE_DEFAULT_RATIO, hicache_host_tokens
 from chatfleet.core.specs import get_gpu
 from chatfleet.core.workload import GROUP_DRAWS, GroupDraw, LengthSpec
 from chatfleet.data.lengths import load_length_file
@@ -138,3 +141,47 @@ def read_sweep_file(path: Path, flag: str) -> dict[str, Any]:
             fail(f"{where}, point {i}: goodput_rps, output_tok_s, ttft_ms and tpot_ms (p50, "
                  "p99) must be numbers")
     return doc
+
+
+# --------------------------------------------------------------------------------------------
+# The host tier (HiCache) of the SGLang model: `--host-pool-tokens` (tokens), or SGLang's own
+# `--hicache-ratio` / `--hicache-size`, and `--hicache-write-policy` (core/engine/host_tier.py
+# says what each policy does, core/memory.py how the pool is sized)
+# --------------------------------------------------------------------------------------------
+
+HOST_POOL_HELP = "HiCache host tier size in tokens (0: off); larger than the KV pool."
+RATIO_HELP = ("SGLang's --hicache-ratio: a host tier of this many times the KV pool (> 1; "
+              "instead of --host-pool-tokens).")
+SIZE_HELP = ("SGLang's --hicache-size: a host tier of this many GB (10^9 bytes) of KV "
+             "(instead of --host-pool-tokens).")
+WRITE_POLICY_HELP = (f"SGLang's --hicache-write-policy: {', '.join(WRITE_POLICIES)} "
+                     "(docs/twin.md#the-host-tier-hicache).")
+
+
+def host_pool_tokens_of(spec: EngineSpec, host_pool_tokens: int, hicache_ratio: float | None,
+                        hicache_size: float | None) -> int:
+    """The host pool in tokens from whichever of the three flags was given (one at most);
+    SGLang's sizing for the ratio and the size, on `spec`'s pool and KV dtype."""
+    given = [flag for flag, value in (("--host-pool-tokens", host_pool_tokens or None),
+                                      ("--hicache-ratio", hicache_ratio),
+                                      ("--hicache-size", hicache_size)) if value is not None]
+    if len(given) > 1:
+        fail(f"give the host tier's size once: {' and '.join(given)} were both given")
+    if host_pool_tokens < 0:
+        fail(f"--host-pool-tokens: host pool tokens must not be negative, got "
+             f"{host_pool_tokens}")
+    if hicache_size is not None and not hicache_size > 0:
+        fail(f"--hicache-size must be a positive number of GB, got {hicache_size}")
+    if hicache_ratio is None and hicache_size is None:
+        return host_pool_tokens
+    return hicache_host_tokens(spec.kv_pool_tokens(),
+                               spec.model.kv_bytes_per_token(spec.precision.kv_cache),
+                               HICACHE_DEFAULT_RATIO if hicache_ratio is None else hicache_ratio,
+                               hicache_size or 0.0)
+
+
+def with_host_tier(spec: EngineSpec, host_pool_tokens: int, hicache_ratio: float | None,
+                   hicache_size: float | None, write_policy: str) -> EngineSpec:
+    """`spec` with the host tier the flags ask for (EngineSpec checks it as SGLang would)."""
+    host = host_pool_tokens_of(spec, host_pool_tokens, hicache_ratio, hicache_size)
+    return dataclasses.replace(spec, host_pool_tokens=host, hicache_write_policy=write_policy)

@@ -21,8 +21,17 @@ from chatfleet.cli.common import (
     out,
     uncalibrated_note,
 )
-from chatfleet.cli.options import engine_model_args, profile_calibration
+from chatfleet.cli.options import (
+    HOST_POOL_HELP,
+    RATIO_HELP,
+    SIZE_HELP,
+    WRITE_POLICY_HELP,
+    engine_model_args,
+    profile_calibration,
+    with_host_tier,
+)
 from chatfleet.core.engine.build import EngineSpec, build_engine
+from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY
 from chatfleet.core.specs import precision
 from chatfleet.simserver.oracle import Oracle
 from chatfleet.simserver.server import ServerConfig, start
@@ -47,7 +56,10 @@ def simserver(
     max_running_requests: int | None = typer.Option(
         None, help="Engine cap (the vLLM model's --max-num-seqs)."),
     eviction: str = typer.Option("lru", help="Radix eviction policy."),
-    host_pool_tokens: int = typer.Option(0, help="HiCache host tier size in tokens."),
+    host_pool_tokens: int = typer.Option(0, help=HOST_POOL_HELP),
+    hicache_ratio: float | None = typer.Option(None, help=RATIO_HELP),
+    hicache_size: float | None = typer.Option(None, help=SIZE_HELP),
+    hicache_write_policy: str = typer.Option(DEFAULT_WRITE_POLICY, help=WRITE_POLICY_HELP),
     pool_tokens: int | None = typer.Option(None, help="Override the planned KV pool."),
     served_model_name: str = typer.Option("qwen3-8b", help="Name /v1/models reports."),
     profile: Path | None = typer.Option(None, help="A calibration profile from `chatfleet "
@@ -89,11 +101,12 @@ def simserver(
             fail(f"--port {port} with {replicas} replicas is outside 0..65535")
         spec = EngineSpec(load_gpu(gpu), load_model(model), precision(weights, kv_cache),
                           pool_tokens=pool_tokens, max_running_requests=max_running_requests,
-                          eviction_policy=eviction, host_pool_tokens=host_pool_tokens,
-                          thermal=thermal,
+                          eviction_policy=eviction, thermal=thermal,
                           calibration=profile_calibration(profile, gpu, engine_model),
                           **engine_model_args(engine_model, max_num_batched_tokens,
                                               long_prefill_token_threshold))
+        spec = with_host_tier(spec, host_pool_tokens, hicache_ratio, hicache_size,
+                              hicache_write_policy)
         # build the engine model once here: a bad policy, cap or pool is one line now, not a
         # traceback from inside the server's start
         build_engine(spec)

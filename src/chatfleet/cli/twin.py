@@ -23,17 +23,23 @@ from chatfleet.cli.common import (
 )
 from chatfleet.cli.options import (
     GROUP_DRAW_HELP,
+    HOST_POOL_HELP,
+    RATIO_HELP,
+    SIZE_HELP,
+    WRITE_POLICY_HELP,
     build_lengths,
     build_loads,
     engine_model_args,
     parse_group_draw,
     profile_calibration,
     read_sweep_file,
+    with_host_tier,
 )
 from chatfleet.cli.render import knee_lines, load_label, sweep_table
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.documents.sweep import SweepDoc, load_from_json
 from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY
 from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.slo import SLO
@@ -155,7 +161,10 @@ def sweep(
         None, help="Engine cap (SGLang's flag; the vLLM model's --max-num-seqs)."),
     schedule_policy: str = typer.Option("fcfs", help="fcfs or lpm."),
     eviction: str = typer.Option("lru", help=f"Radix eviction: {', '.join(EVICTION_POLICIES)}."),
-    host_pool_tokens: int = typer.Option(0, help="HiCache host tier size in tokens (0: off)."),
+    host_pool_tokens: int = typer.Option(0, help=HOST_POOL_HELP),
+    hicache_ratio: float | None = typer.Option(None, help=RATIO_HELP),
+    hicache_size: float | None = typer.Option(None, help=SIZE_HELP),
+    hicache_write_policy: str = typer.Option(DEFAULT_WRITE_POLICY, help=WRITE_POLICY_HELP),
     pool_tokens: int | None = typer.Option(None, help="Override the planned KV pool (what-if)."),
     mem_fraction: float | None = typer.Option(
         None, help="SGLang's --mem-fraction-static (the vLLM model's "
@@ -209,11 +218,13 @@ def sweep(
             gpu=load_gpu(gpu), model=load_model(model), precision=precision(weights, kv_cache),
             mem_fraction=mem_fraction, pool_tokens=pool_tokens,
             max_running_requests=max_running_requests, schedule_policy=schedule_policy,
-            eviction_policy=eviction, host_pool_tokens=host_pool_tokens, thermal=thermal,
+            eviction_policy=eviction, thermal=thermal,
             calibration=profile_calibration(profile, gpu, engine_model),
             **engine_model_args(engine_model, max_num_batched_tokens,
                                 long_prefill_token_threshold),
         )
+        spec = with_host_tier(spec, host_pool_tokens, hicache_ratio, hicache_size,
+                              hicache_write_policy)
         spec.kv_pool_tokens()  # a card the model leaves no pool on fails here, in one line
         wcfg = WorkloadConfig(
             system_prompt_tokens=system_prompt_tokens, prompt_groups=prompt_groups,

@@ -78,6 +78,11 @@ L4_CALIBRATION_MODEL = "qwen3-8b"
 ASSUMED_DECODE_FIXED_S = 0.0015
 ASSUMED_BF16_GEMM_EFF = 0.50
 ASSUMED_EAGER_S = 0.004
+# The host tier's copies (HiCache load-back and write-back) over PCIe reach this share of the
+# link's rate, one direction (specs.GPU.pcie_gbs: 32 GB/s for the L4's Gen4 x16): 25.6 GB/s,
+# what pinned host <-> device copies usually reach on a Gen4 x16 link (CUDA's bandwidthTest).
+# Assumed: no HiCache copy on an L4 has been measured.
+ASSUMED_HOST_IO_EFF = 0.8
 # vLLM model only, uncalibrated (see above): 50 us per sequence beyond the first in a step
 ASSUMED_VLLM_PER_SEQ_S = 0.00005
 
@@ -109,6 +114,7 @@ class Calibration:
             eager_s=self.eager_s,
             cuda_graph_max_bs=tier.cuda_graph_max_bs,
             chunked_prefill_size=tier.chunked_prefill_size,
+            host_io_eff=ASSUMED_HOST_IO_EFF,
         )
 
 

@@ -182,6 +182,34 @@ def plan_pool(
     )
 
 
+# SGLang's HiCache host pool (mem_cache/memory_pool_host.py, HostKVCache): --hicache-size GB
+# when given, else --hicache-ratio times the device pool (2 by default); it stores the KV in
+# the device pool's dtype, so a token takes as many bytes as on the device; and it must be
+# larger than the device pool.
+HICACHE_DEFAULT_RATIO = 2.0
+
+
+def hicache_host_tokens(pool_tokens: int, kv_bytes_per_token: int,
+                        hicache_ratio: float = HICACHE_DEFAULT_RATIO,
+                        hicache_size_gb: float = 0.0) -> int:
+    """The host pool SGLang allocates for `--hicache-ratio` or `--hicache-size` (GB, 10^9
+    bytes; it wins when > 0), in tokens (page size 1). Refused as SGLang refuses it: a host
+    pool not larger than the device pool."""
+    if not math.isfinite(hicache_ratio) or not math.isfinite(hicache_size_gb) \
+            or hicache_size_gb < 0 or hicache_ratio <= 0:
+        raise SpecError("--hicache-ratio must be positive and --hicache-size >= 0 (GB)")
+    if hicache_size_gb > 0:
+        size = int(hicache_size_gb * 1e9 // kv_bytes_per_token)
+        given = f"--hicache-size {hicache_size_gb:g} GB ({size} tokens)"
+    else:
+        size = int(pool_tokens * hicache_ratio)
+        given = f"--hicache-ratio {hicache_ratio:g} ({size} tokens)"
+    if size <= pool_tokens:
+        raise SpecError(f"{given} is not larger than the KV pool ({pool_tokens} tokens): "
+                        "SGLang requires the host memory to be larger than the device memory")
+    return size
+
+
 # --------------------------------------------------------------------------------------------
 # vLLM's rule (V1 engine, 0.26.0: vllm/v1/worker/gpu_worker.py determine_available_memory and
 # vllm/v1/worker/utils.py request_memory; vllm/v1/core/kv_cache_utils.py get_num_blocks)

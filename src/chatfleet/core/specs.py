@@ -36,7 +36,7 @@ class GPU:
     boost_mhz: int
     power_w: float
     cooling: Literal["passive", "active"]
-    pcie_gbs: float  # host <-> device, one direction, achievable
+    pcie_gbs: float  # host <-> device link, one direction (the datasheet's, halved)
 
     def tflops(self, dtype: str) -> float:
         if dtype == "fp8" and self.fp8_tflops > 0:
@@ -46,18 +46,20 @@ class GPU:
 
 # Public datasheet figures (dense, no sparsity). Visible memory is what the driver reports:
 # the L4's 23,034 MiB is a measurement (docs/facts.md#nvidia-l4); the others are nvidia-smi
-# totals as commonly reported for those cards. PCIe: achievable host-to-device copy bandwidth
-# (Gen4 x16 ~ 25 GB/s, Gen5 x16 ~ 50 GB/s, A10G on Gen4 x8 in AWS g5 ~ 12 GB/s).
+# totals as commonly reported for those cards. PCIe: the link's rate in one direction, as the
+# datasheets give it for both (L4: "PCIe Gen4 x16: 64 GB/s"): Gen4 x16 32 GB/s, Gen5 x16 64,
+# the A10G on Gen4 x8 in AWS g5 16. What a copy reaches of it is calibration.py's
+# ASSUMED_HOST_IO_EFF.
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
-        GPU("l4", 23034, 300.0, 121.0, 242.0, 2040, 72.0, "passive", 25.0),
-        GPU("a10g", 22731, 600.0, 70.0, 0.0, 1710, 300.0, "passive", 12.0),
-        GPU("l40s", 46068, 864.0, 362.0, 733.0, 2520, 350.0, "passive", 25.0),
-        GPU("a100-40gb", 40960, 1555.0, 312.0, 0.0, 1410, 400.0, "passive", 25.0),
-        GPU("a100-80gb", 81920, 2039.0, 312.0, 0.0, 1410, 400.0, "passive", 25.0),
-        GPU("h100-sxm", 81559, 3350.0, 989.0, 1979.0, 1980, 700.0, "passive", 50.0),
-        GPU("h200", 143771, 4800.0, 989.0, 1979.0, 1980, 700.0, "passive", 50.0),
+        GPU("l4", 23034, 300.0, 121.0, 242.0, 2040, 72.0, "passive", 32.0),
+        GPU("a10g", 22731, 600.0, 70.0, 0.0, 1710, 300.0, "passive", 16.0),
+        GPU("l40s", 46068, 864.0, 362.0, 733.0, 2520, 350.0, "passive", 32.0),
+        GPU("a100-40gb", 40960, 1555.0, 312.0, 0.0, 1410, 400.0, "passive", 32.0),
+        GPU("a100-80gb", 81920, 2039.0, 312.0, 0.0, 1410, 400.0, "passive", 32.0),
+        GPU("h100-sxm", 81559, 3350.0, 989.0, 1979.0, 1980, 700.0, "passive", 64.0),
+        GPU("h200", 143771, 4800.0, 989.0, 1979.0, 1980, 700.0, "passive", 64.0),
     )
 }
 GPU_ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "a100-40": "a100-40gb",

@@ -355,6 +355,8 @@ class ReplicaApp:
             "cuda_graph_max_bs": sched.step_model.cuda_graph_max_bs,
             "page_size": 1, "enable_cache_report": True, "enable_metrics": True,
             "hicache_size_tokens": sched.cfg.host_pool_tokens,
+            "enable_hierarchical_cache": sched.cfg.host_pool_tokens > 0,
+            "hicache_write_policy": sched.cfg.hicache_write_policy,
             "time_scale": rep.time_scale, "thermal_model": sched.thermal is not None,
         })
 

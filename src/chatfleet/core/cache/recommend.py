@@ -35,6 +35,10 @@ def _rate(num: int, den: int) -> float:
     return num / den if den else 0.0
 
 
+def _mean(total: float, n: int) -> float:
+    return total / n if n else 0.0
+
+
 def summarize(res: ReplayResult, tolerance: float = HOLD_TOLERANCE) -> CacheResult:
     """One entry of the results: hit rates overall and per turn, next to the unbounded pool's
     (ceiling); evictions that returned; TTFT from the scheduler; whether the configuration
@@ -45,12 +49,16 @@ def summarize(res: ReplayResult, tolerance: float = HOLD_TOLERANCE) -> CacheResu
     hit = [0] * max_turn
     ceil = [0] * max_turn
     returned = [0] * max_turn
+    ttft_sum = [0.0] * max_turn
+    count = [0] * max_turn
     for o in outs:
         k = o.turn - 1
         prompt[k] += o.prompt_tokens
         hit[k] += o.hit_tokens
         ceil[k] += o.ceiling_tokens
         returned[k] += 1 if o.returned_tokens > 0 else 0
+        ttft_sum[k] += o.ttft_s
+        count[k] += 1
     by_turn = [round(_rate(h, p), 4) for h, p in zip(hit, prompt, strict=True)]
     ceil_by_turn = [round(_rate(c, p), 4) for c, p in zip(ceil, prompt, strict=True)]
     short = [k + 1 for k in range(max_turn)
@@ -86,6 +94,10 @@ def summarize(res: ReplayResult, tolerance: float = HOLD_TOLERANCE) -> CacheResu
         holds=holds,
         thrashes=late_gap > THRASH_GAP and sum(returned) > 0,
         short_turns=tuple(short),
+        hicache_write_policy=res.config.write_policy if res.config.host_pool_tokens else None,
+        # the mean, as SGLang's bench_multiturn.py reports a round's TTFT
+        ttft_ms_mean_by_turn=tuple(round(1000.0 * _mean(t, n), 1)
+                                   for t, n in zip(ttft_sum, count, strict=True)),
     )
 
 
@@ -129,7 +141,8 @@ def recommend(results: Sequence[CacheResult], working_set_peak: int,
                     f"{r.pool_tokens} needs FP8 KV cache, FP8 weights or a larger card")
         return CacheRecommendation(pool_tokens=r.pool_tokens, policy=r.policy,
                                    host_pool_tokens=r.host_pool_tokens, hit_rate=r.hit_rate,
-                                   reason=reason + note)
+                                   reason=reason + note,
+                                   hicache_write_policy=r.hicache_write_policy)
 
     for p in pools:
         for r in results:

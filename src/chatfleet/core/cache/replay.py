@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from chatfleet.core.cache.trace import Turn, check_trace, common_prefix_len, sessions_of, sort_trace
 from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY, check_host_tier
 from chatfleet.core.engine.radix import EVICTION_POLICIES, RadixCache
 from chatfleet.core.errors import ChatfleetError
 
@@ -41,23 +42,23 @@ class CacheConfig:
     pool_tokens: int
     policy: str = DEFAULT_POLICY
     host_pool_tokens: int = 0
+    write_policy: str = DEFAULT_WRITE_POLICY  # the host tier's (SGLang's --hicache-write-policy)
 
     def __post_init__(self) -> None:
         if self.pool_tokens <= 0:
             raise ChatfleetError(f"pool tokens must be positive, got {self.pool_tokens}")
-        if self.host_pool_tokens < 0:
-            raise ChatfleetError(f"host pool tokens must not be negative, got "
-                                 f"{self.host_pool_tokens}")
         if self.policy not in EVICTION_POLICIES:
             raise ChatfleetError(f"unknown eviction policy {self.policy!r}; one of "
                                  f"{', '.join(EVICTION_POLICIES)}")
+        check_host_tier(self.pool_tokens, self.host_pool_tokens, self.write_policy)
 
     def engine_spec(self, base: EngineSpec) -> EngineSpec:
         """`base` (GPU, model, precision, calibration) with this pool, policy and host tier;
         the thermal model off (the cache question is about tokens, not clocks)."""
         return dataclasses.replace(base, pool_tokens=self.pool_tokens,
                                    eviction_policy=self.policy,
-                                   host_pool_tokens=self.host_pool_tokens, thermal=False)
+                                   host_pool_tokens=self.host_pool_tokens,
+                                   hicache_write_policy=self.write_policy, thermal=False)
 
 
 @dataclass(slots=True)
@@ -90,6 +91,7 @@ class ReplayResult:
     waited: int  # turns left in the queue when the scheduler chose a decode step instead
     not_admitted: int
     retractions: int = 0
+    span_s: float = 0.0  # from the first turn sent to the last
 
 
 def union_size(seqs: Sequence[array[int]]) -> int:
@@ -116,7 +118,7 @@ class ReplayLedger:
         check_trace(trace)
         self.trace = sort_trace(trace)
         self.cfg = cfg
-        self.shadow = RadixCache("lru", 0)  # never evicts: the unbounded pool
+        self.shadow = RadixCache("lru")  # never evicts: the unbounded pool
         by_session = sessions_of(self.trace)
         self.index = {(t.session, t.turn): i for i, t in enumerate(self.trace)}
         self.first_turns = sorted(self.index[(ts[0].session, 1)] for ts in by_session.values())
@@ -203,4 +205,5 @@ class ReplayLedger:
         return ReplayResult(
             self.cfg, outcomes, evicted_tokens, loaded_back_tokens, max(samples),
             sum(samples) / len(samples), self.in_flight_peak, len(self.waited_ids),
-            sum(1 for o in outcomes if not o.admitted), retractions)
+            sum(1 for o in outcomes if not o.admitted), retractions,
+            max(self.arrived_at.values()) - min(self.arrived_at.values()))

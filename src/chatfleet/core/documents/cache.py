@@ -30,6 +30,8 @@ from chatfleet.core.documents.fields import (
     no_extra,
     num,
     obj,
+    opt_text,
+    put,
     rest,
     seq,
     text,
@@ -137,6 +139,11 @@ class CacheResult:
     holds: bool
     thrashes: bool
     short_turns: tuple[int, ...]
+    # added with the host tier's write policies and the per-round TTFT of SGLang's
+    # bench_multiturn.py: absent from documents written before (and the policy, without a host
+    # tier)
+    hicache_write_policy: str | None = None
+    ttft_ms_mean_by_turn: tuple[float, ...] | None = None
     extra: Extra = field(default_factory=no_extra)
 
     _KEYS: ClassVar[tuple[str, ...]] = (
@@ -146,14 +153,17 @@ class CacheResult:
         "evicted_then_returned_tokens", "evicted_tokens", "loaded_back_tokens", "requests",
         "prompt_tokens", "waited_for_room", "retractions", "not_admitted", "ttft_ms",
         "late_turn_gap", "holds", "thrashes", "short_turns")
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("hicache_write_policy", "ttft_ms_mean_by_turn")
     _LISTS: ClassVar[frozenset[str]] = frozenset({
         "hit_rate_by_turn", "ceiling_hit_rate_by_turn", "evicted_then_returned_by_turn",
-        "short_turns"})
+        "short_turns", "ttft_ms_mean_by_turn"})
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {}
-        for key in self._KEYS:
+        for key in (*self._KEYS, *self._OPTIONAL):
             value = getattr(self, key)
+            if value is None:
+                continue  # an optional key left out
             if key in self._LISTS:
                 value = list(value)
             elif isinstance(value, Quantiles):
@@ -188,7 +198,10 @@ class CacheResult:
             ttft_ms=Quantiles.from_json(d.get("ttft_ms") or {}, f"{where}: ttft_ms"),
             late_turn_gap=num(d, "late_turn_gap", where), holds=boolean(d, "holds", where),
             thrashes=boolean(d, "thrashes", where), short_turns=listed("short_turns"),
-            extra=rest(d, cls._KEYS))
+            hicache_write_policy=opt_text(d, "hicache_write_policy", where),
+            ttft_ms_mean_by_turn=(None if d.get("ttft_ms_mean_by_turn") is None
+                                  else listed("ttft_ms_mean_by_turn")),
+            extra=rest(d, (*cls._KEYS, *cls._OPTIONAL)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,13 +214,17 @@ class CacheRecommendation:
     host_pool_tokens: int
     hit_rate: float
     reason: str
+    hicache_write_policy: str | None = None  # with a host tier only
     extra: Extra = field(default_factory=no_extra)
 
     _KEYS: ClassVar[tuple[str, ...]] = ("pool_tokens", "policy", "host_pool_tokens", "hit_rate",
-                                        "reason")
+                                        "reason", "hicache_write_policy")
 
     def to_json(self) -> JsonObject:
-        return with_extra({k: getattr(self, k) for k in self._KEYS}, self.extra)
+        out: JsonObject = {}
+        for k in self._KEYS:
+            put(out, k, getattr(self, k))
+        return with_extra(out, self.extra)
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> CacheRecommendation:
@@ -215,6 +232,7 @@ class CacheRecommendation:
         return cls(pool_tokens=integer(d, "pool_tokens", where), policy=text(d, "policy", where),
                    host_pool_tokens=integer(d, "host_pool_tokens", where),
                    hit_rate=num(d, "hit_rate", where), reason=text(d, "reason", where),
+                   hicache_write_policy=opt_text(d, "hicache_write_policy", where),
                    extra=rest(d, cls._KEYS))
 
 

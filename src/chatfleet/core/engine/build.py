@@ -13,6 +13,7 @@ from chatfleet.core.calibration import (
     thermal_profile,
     vllm_calibration_for,
 )
+from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY, check_host_tier
 from chatfleet.core.engine.mixed_step import MixedStepModel
 from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.scheduler import Scheduler, SchedulerConfig
@@ -39,7 +40,8 @@ class EngineSpec:
     max_running_requests: int | None = None  # SGLang --max-running-requests, vLLM --max-num-seqs
     schedule_policy: str = "fcfs"
     eviction_policy: str = "lru"
-    host_pool_tokens: int = 0
+    host_pool_tokens: int = 0  # SGLang's HiCache host pool (0: off); core/memory.py sizes it
+    hicache_write_policy: str = DEFAULT_WRITE_POLICY
     thermal: bool = False
     calibration: Calibration | None = None
     cooling: ThermalProfile | None = None  # replace the card's thermal profile (what-ifs)
@@ -59,7 +61,7 @@ class EngineSpec:
             raise ChatfleetError(f"unknown engine model {self.engine_model!r}: "
                                  f"{' or '.join(ENGINE_MODELS)}")
         if self.engine_model == "vllm":
-            if self.host_pool_tokens:
+            if self.host_pool_tokens or self.hicache_write_policy != DEFAULT_WRITE_POLICY:
                 raise ChatfleetError("the vLLM model has no host tier (HiCache is SGLang's)")
             if self.schedule_policy != "fcfs" or self.eviction_policy != "lru":
                 raise ChatfleetError("the vLLM model schedules FCFS and evicts from its free-block "
@@ -67,6 +69,9 @@ class EngineSpec:
         elif self.max_num_batched_tokens is not None or self.long_prefill_token_threshold:
             raise ChatfleetError("--max-num-batched-tokens and --long-prefill-token-threshold are "
                                  "vLLM's: pick --engine-model vllm")
+        else:  # a host tier SGLang would start with, or none (the pool is planned only here)
+            check_host_tier(self.kv_pool_tokens() if self.host_pool_tokens > 0 else 0,
+                            self.host_pool_tokens, self.hicache_write_policy)
 
     @property
     def is_calibrated(self) -> bool:
@@ -122,6 +127,9 @@ class EngineSpec:
             "schedule_policy": self.schedule_policy,
             "radix_eviction_policy": self.eviction_policy,
             "host_pool_tokens": self.host_pool_tokens,
+            # only with a host tier, so that documents without one keep their bytes
+            **({"hicache_write_policy": self.hicache_write_policy}
+               if self.host_pool_tokens else {}),
             "thermal": self.thermal,
         }
 
@@ -169,6 +177,7 @@ def build_scheduler(spec: EngineSpec) -> Scheduler:
         schedule_policy=spec.schedule_policy,
         eviction_policy=spec.eviction_policy,
         host_pool_tokens=spec.host_pool_tokens,
+        hicache_write_policy=spec.hicache_write_policy,
         context_length=spec.model.max_position_embeddings,
     )
     thermal = ThermalState(thermal_profile_of(spec)) if spec.thermal else None

@@ -5,7 +5,8 @@ and the batch the round builds (scheduler.py runs the round and prices the batch
 - A waiting request's cached prefix is locked first (the budget shrinks when it stops being
   evictable); it is admitted when its extend length + min(max_new, 4096) fits the free and
   evictable tokens left after the reservation, and the first that does not fit ends the round.
-- A host-tier prefix longer than the load-back threshold is loaded back at admission.
+- A host-tier prefix of at least the load-back threshold (10 tokens) is loaded back at
+  admission, all of it (SGLang's init_load_back: a shorter one is recomputed).
 - SGLang always computes the last prompt token (its logits are sampled), so a fully cached
   prompt still extends by one token.
 - A chunk that does not complete its prompt makes it the chunked request, whose next chunks go
@@ -63,7 +64,7 @@ class PrefillAdder:
         fill = req.fill
         m = tree.match_prefix(fill, now)
         prefix = min(m.device_len, len(fill) - 1)
-        loaded = m.host_len if m.host_len > self.load_back_threshold else 0
+        loaded = m.host_len if m.host_len >= self.load_back_threshold else 0
         extend_all = len(fill) - prefix - loaded
         total = extend_all + min(req.max_new_tokens - req.gen_base, CLIP_MAX_NEW_TOKENS)
         tree.inc_lock_ref(m.node)  # lock first: see the module docstring

@@ -1,4 +1,7 @@
-"""SGLang's radix prefix cache, counting KV slots (page size 1), with an optional host tier.
+"""SGLang's radix prefix cache, counting KV slots (page size 1): the tree, its locks and its
+device eviction. The eviction order is `eviction.py`'s; the host tier (HiCache), which decides
+when a node is copied to host memory and which host copies are dropped, is `host_tier.py`'s
+`HiRadixCache`, a subclass of this one, as SGLang's HiRadixCache subclasses its RadixCache.
 
 The tree does not allocate memory: it tracks how many device KV slots its nodes hold. The
 engine's KV pool asks `evictable_size()` and calls `evict(n, now)` when it needs free slots.
@@ -6,45 +9,34 @@ engine's KV pool asks `evictable_size()` and calls `evict(n, now)` when it needs
 Every device token in the tree is either protected (its node is locked by a running request,
 `inc_lock_ref`) or evictable, so `total_size() == evictable_size() + protected_size()`.
 
-Semantics follow SGLang's RadixCache / HiRadixCache:
+Semantics follow SGLang's RadixCache:
 
 - `match_prefix` refreshes `last_access_time` of every node it walks through and splits a node
   when the match ends inside it. Hit counts are bumped by `insert` (as SGLang does when a request
-  is cached), not by `match_prefix`; an insert with `chunked=True` does not bump them.
+  is cached), not by `match_prefix`; an insert with `chunked=True` does not bump them (`_hit`,
+  which the host tier overrides: its write policy acts on the hit).
 - `insert` takes the max of the request priority along the path.
 - `evict` removes unlocked device leaves in policy order until enough tokens are freed; a parent
   that becomes a leaf joins the candidates. The order is that of SGLang's heap built from the
-  current leaves at evict time; here the heap persists across calls (see `_LeafHeap`).
-- Host tier (HiCache, write-through): every device node is also copied to host when there is
-  room (host-only leaves are evicted LRU to make room). A device-evicted node that has a host
-  copy stays in the tree as host-only; `match_prefix` reports it as `host_len`, and `load_back`
-  (or an `insert` through it) brings it back to the device. Only host-only nodes lose their host
-  copy; a node without one is dropped on device eviction, with any host-only nodes below it.
+  current leaves at evict time; here the heap persists across calls (`eviction.LeafHeap`).
+  What becomes of an evicted node is `_off_device`'s: without a host tier it is dropped.
 
-Eviction keys, smallest evicted first (`seq`, the node creation number, breaks ties; mru and
-filo break them newest first):
-
-- lru: last_access_time; mru: -last_access_time
-- fifo: creation_time; filo: -creation_time
-- lfu: (hit_count, last_access_time)
-- slru: (hit_count >= 2, last_access_time): probationary nodes by LRU, then protected ones
-- priority: (priority, last_access_time); a node's priority is the max over its inserts
+A node is on the device, or host-only (`on_device` False, `on_host` True: only a host tier
+makes such nodes, and then its whole subtree is host-only). `match_prefix` reports the
+host-only part of a match as `host_len`; `load_back` (or an `insert` through it, which takes
+the request's freshly computed KV, as SGLang's does) brings it back to the device. A node
+dropped from the device takes its host-only subtree with it.
 """
 
 from __future__ import annotations
 
-import heapq
 from array import array
-from collections.abc import Callable, Sequence
-from typing import cast
+from collections.abc import Sequence
 
-from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.engine.eviction import EVICTION_POLICIES, LeafHeap, evict_key
+from chatfleet.core.engine.tree_node import TreeNode
 
-EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "slru", "priority")
-
-SLRU_PROTECTED_HITS = 2  # SGLang's SLRUStrategy protected_threshold
-
-EvictKey = tuple[float, ...]
+__all__ = ["EVICTION_POLICIES", "MatchResult", "RadixCache", "TreeNode", "as_tokens"]
 
 Tokens = array  # array('q'): int64 token ids; slices and comparisons run in C (memcmp-like)
 
@@ -54,46 +46,6 @@ def as_tokens(tokens: Sequence[int]) -> array[int]:
     if type(tokens) is array and tokens.typecode == "q":
         return tokens
     return array("q", tokens)
-
-
-class TreeNode:
-    """A run of tokens. `on_device`: its KV slots are in the device pool; `on_host`: a copy is in
-    the host tier. Every node in the tree is on device, or host-only (then so is its subtree)."""
-
-    __slots__ = (
-        "children",
-        "creation_time",
-        "hit_count",
-        "key",
-        "last_access_time",
-        "lock_ref",
-        "num_device_children",
-        "on_device",
-        "on_host",
-        "parent",
-        "priority",
-        "seq",
-    )
-
-    def __init__(
-        self, key: array[int], parent: TreeNode | None, now: float, seq: int, priority: int = 0
-    ) -> None:
-        self.key = key
-        self.parent = parent  # None for the root and for nodes removed from the tree
-        self.children: dict[int, TreeNode] = {}  # keyed by first token
-        self.lock_ref = 0
-        self.hit_count = 0
-        self.priority = priority
-        self.creation_time = now
-        self.last_access_time = now
-        self.seq = seq
-        self.on_device = True
-        self.on_host = False
-        self.num_device_children = 0
-
-    def __repr__(self) -> str:
-        where = "device" if self.on_device else "host"
-        return f"TreeNode(seq={self.seq}, len={len(self.key)}, {where}, lock_ref={self.lock_ref})"
 
 
 class MatchResult:
@@ -112,46 +64,6 @@ class MatchResult:
     def __repr__(self) -> str:
         return (f"MatchResult(device_len={self.device_len}, host_len={self.host_len}, "
                 f"node={self.node!r})")
-
-
-def _lru_key(node: TreeNode) -> EvictKey:
-    return (node.last_access_time, node.seq)
-
-
-def _lfu_key(node: TreeNode) -> EvictKey:
-    return (node.hit_count, node.last_access_time, node.seq)
-
-
-def _fifo_key(node: TreeNode) -> EvictKey:
-    return (node.creation_time, node.seq)
-
-
-def _mru_key(node: TreeNode) -> EvictKey:
-    return (-node.last_access_time, -node.seq)
-
-
-def _filo_key(node: TreeNode) -> EvictKey:
-    return (-node.creation_time, -node.seq)
-
-
-def _slru_key(node: TreeNode) -> EvictKey:
-    protected = 1 if node.hit_count >= SLRU_PROTECTED_HITS else 0
-    return (protected, node.last_access_time, node.seq)
-
-
-def _priority_key(node: TreeNode) -> EvictKey:
-    return (node.priority, node.last_access_time, node.seq)
-
-
-_EVICT_KEYS: dict[str, Callable[[TreeNode], EvictKey]] = {
-    "lru": _lru_key,
-    "lfu": _lfu_key,
-    "fifo": _fifo_key,
-    "mru": _mru_key,
-    "filo": _filo_key,
-    "slru": _slru_key,
-    "priority": _priority_key,
-}
 
 
 def _common_prefix_len(node_key: array[int], tokens: array[int], pos: int) -> int:
@@ -177,78 +89,14 @@ def _common_prefix_len(node_key: array[int], tokens: array[int], pos: int) -> in
     return lo
 
 
-class _LeafHeap:
-    """Eviction candidates in key order, kept across calls.
-
-    A node's key may change while it waits (an access, a hit): `touch` pushes a fresh entry and
-    `pop` skips entries that are stale or whose node is no longer a member. This gives the order
-    of a heap built from the current leaves at evict time, without rebuilding it every call.
-
-    An entry is the node's key, its push number and the node, in one flat tuple (a nested key
-    tuple is compared twice, for equality then order, at every sift). `members` maps each
-    member to the push number of its newest entry, so an entry is current when its number is
-    its node's: every change of a member's key pushes (`RadixCache._touch`), and keys end with
-    the node's unique `seq`, so this is the entry whose key is the node's key now."""
-
-    __slots__ = ("_entries", "_num_pushed", "key_of", "members")
-
-    def __init__(self, key_of: Callable[[TreeNode], EvictKey]) -> None:
-        self.key_of = key_of
-        self.members: dict[TreeNode, int] = {}
-        self._entries: list[tuple[object, ...]] = []
-        self._num_pushed = 0
-
-    def add(self, node: TreeNode) -> None:
-        if node not in self.members:
-            self.push(node)
-
-    def discard(self, node: TreeNode) -> None:
-        self.members.pop(node, None)
-
-    def touch(self, node: TreeNode) -> None:
-        if node in self.members:
-            self.push(node)
-
-    def pop(self) -> TreeNode | None:
-        members = self.members
-        while self._entries:
-            entry = heapq.heappop(self._entries)
-            node = cast(TreeNode, entry[-1])
-            if members.get(node, -1) == entry[-2]:
-                del members[node]
-                return node
-        return None
-
-    def clear(self) -> None:
-        self.members.clear()
-        self._entries.clear()
-
-    def push(self, node: TreeNode) -> None:
-        """A fresh entry for a member whose key changed (or that just joined)."""
-        self._num_pushed += 1
-        self.members[node] = self._num_pushed
-        heapq.heappush(self._entries, (*self.key_of(node), self._num_pushed, node))
-        if len(self._entries) > 2 * len(self.members) + 64:  # drop stale entries
-            entries: list[tuple[object, ...]] = []
-            for x in self.members:
-                self._num_pushed += 1
-                self.members[x] = self._num_pushed
-                entries.append((*self.key_of(x), self._num_pushed, x))
-            heapq.heapify(entries)
-            self._entries = entries
-
-
 class RadixCache:
-    def __init__(self, policy: str = "lru", host_capacity_tokens: int = 0) -> None:
+    """The device tree (no host tier: `host_tier.HiRadixCache` adds one)."""
+
+    def __init__(self, policy: str = "lru") -> None:
         policy = policy.lower()
-        if policy not in _EVICT_KEYS:
-            raise ChatfleetError(f"unknown eviction policy {policy!r}; one of {EVICTION_POLICIES}")
-        if host_capacity_tokens < 0:
-            raise ChatfleetError(f"host_capacity_tokens must be >= 0, got {host_capacity_tokens}")
         self.policy = policy
-        self.host_capacity_tokens = host_capacity_tokens
-        self._host = host_capacity_tokens > 0  # has_host_tier, read on every insert and touch
-        self._evict_key = _EVICT_KEYS[policy]
+        self._evict_key = evict_key(policy)
+        self.host_capacity_tokens = 0  # the host tier's (HiRadixCache sets it)
         self.num_evicted_tokens = 0  # device tokens evicted (moved to host or dropped)
         self.num_loaded_back_tokens = 0
         self.num_host_evicted_tokens = 0  # host copies dropped
@@ -257,8 +105,8 @@ class RadixCache:
         self._evictable_size = 0
         self._protected_size = 0
         self._host_size = 0
-        self._device_leaves = _LeafHeap(self._evict_key)  # unlocked, on device, no device child
-        self._host_leaves = _LeafHeap(_lru_key)  # host-only, no children
+        self._device_leaves = LeafHeap(self._evict_key)  # unlocked, on device, no device child
+        self._host_leaves = LeafHeap(self._evict_key)  # host-only, no children
         self.reset()
 
     # ----- sizes -----
@@ -337,18 +185,15 @@ class RadixCache:
     ) -> tuple[int, TreeNode]:
         """`insert_node(path(node) + tokens)` without comparing the path again: `node` must be a
         device node in the tree (a running request's locked prefix). The path's nodes get what
-        an insert through them gets: access time, hit count, priority, host copy."""
+        an insert through them gets: access time, priority, a hit (`_hit`)."""
         if not node.on_device:
             raise ValueError(f"{node} is host-only: load_back before inserting below it")
         x = node
         while x is not self.root:
             x.last_access_time = now
             x.priority = max(x.priority, priority)
-            if not chunked:
-                x.hit_count += 1
+            self._hit(x, chunked)
             self._touch(x)
-            if self._host and not x.on_host:
-                self._write_through(x)
             if x.parent is None:
                 raise ValueError(f"{node} is no longer in the tree (evicted or reset)")
             x = x.parent
@@ -369,14 +214,12 @@ class RadixCache:
             if num_matched < len(child.key):
                 self._touch(child)  # the tail, maybe a leaf, was accessed too
                 child = self._split(child, num_matched, now)
-            if not child.on_device:
-                num_new += self._move_to_device(child)
             child.priority = max(child.priority, priority)
-            if not chunked:
-                child.hit_count += 1
+            if child.on_device:
+                self._hit(child, chunked)
+            else:  # it takes the request's freshly computed KV, and no hit (as SGLang's insert)
+                num_new += self._move_to_device(child)
             self._touch(child)
-            if self._host and not child.on_host:
-                self._write_through(child)
             node = child
             pos += num_matched
         if pos < len(key):
@@ -423,11 +266,12 @@ class RadixCache:
         self._update_evictable_leaf(node)
         return delta
 
-    # ----- eviction / host tier -----
+    # ----- eviction / load-back -----
 
     def evict(self, num_tokens: int, now: float) -> int:
         """Evict unlocked device leaves in policy order until num_tokens are freed or nothing is
-        evictable; returns the device tokens freed. `now` does not change any node."""
+        evictable; returns the device tokens freed (what becomes of each node: `_off_device`).
+        `now` does not change any node."""
         num_freed = 0
         while num_freed < num_tokens:
             x = self._device_leaves.pop()
@@ -438,19 +282,15 @@ class RadixCache:
             num_freed += len(x.key)
             self._evictable_size -= len(x.key)
             parent.num_device_children -= 1
-            if x.on_host:
-                x.on_device = False
-                if not x.children:
-                    self._host_leaves.add(x)
-            else:
-                self.num_host_evicted_tokens += self._detach(x)
+            self._off_device(x)
             if self._is_evictable_leaf(parent):
                 self._device_leaves.add(parent)
         self.num_evicted_tokens += num_freed
         return num_freed
 
     def load_back(self, match: MatchResult, now: float) -> int:
-        """Bring the host-only part of a match back to the device; returns the tokens loaded.
+        """Bring the host-only part of a match back to the device; returns the tokens loaded
+        (the scheduler prices the copy: StepTimeModel.prefill_s).
 
         The caller must have room for them, and should lock `match.node` before evicting to
         make that room (else it may be evicted too, and then loaded back here as well). The match
@@ -475,6 +315,23 @@ class RadixCache:
         match.host_node = None
         return num_loaded
 
+    def take_write_back_tokens(self) -> int:
+        """Tokens written to host by evictions since the last call, which the scheduler waited
+        for (only a write-back host tier writes at eviction: HiRadixCache)."""
+        return 0
+
+    # ----- what a host tier changes (HiRadixCache overrides these) -----
+
+    def _hit(self, node: TreeNode, chunked: bool) -> None:
+        """An insert went through (or made) a device node: a hit, unless it was a chunk."""
+        if not chunked:
+            node.hit_count += 1
+
+    def _off_device(self, node: TreeNode) -> None:
+        """An evicted node (its device slots already counted free): without a host tier it is
+        dropped, with whatever host-only subtree it has."""
+        self.num_host_evicted_tokens += self._detach(node)
+
     # ----- helpers -----
 
     def _new_node(
@@ -487,15 +344,12 @@ class RadixCache:
         self, parent: TreeNode, key: array[int], now: float, priority: int, chunked: bool
     ) -> TreeNode:
         leaf = self._new_node(key, parent, now, priority)
-        if not chunked:
-            leaf.hit_count = 1
         parent.children[key[0]] = leaf
         parent.num_device_children += 1
         self._device_leaves.discard(parent)
+        self._hit(leaf, chunked)  # before it joins the candidates: its key may hold the count
         self._device_leaves.add(leaf)
         self._evictable_size += len(key)
-        if self._host:
-            self._write_through(leaf)
         return leaf
 
     def _split(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
@@ -525,34 +379,6 @@ class RadixCache:
         self._device_leaves.add(node)  # no device child yet
         self._evictable_size += len(node.key)
         return len(node.key)
-
-    def _write_through(self, node: TreeNode) -> None:
-        """Copy a device node to host if there is (or LRU host eviction makes) room for it."""
-        need = len(node.key)
-        if need > self.host_capacity_tokens:
-            return
-        num_free = self.host_capacity_tokens - self._host_size
-        if num_free < need:
-            self._evict_host(need - num_free)
-            num_free = self.host_capacity_tokens - self._host_size
-        if num_free >= need:
-            node.on_host = True
-            self._host_size += need
-
-    def _evict_host(self, num_tokens: int) -> int:
-        """Drop host-only leaves, least recently used first; returns host tokens freed."""
-        num_freed = 0
-        while num_freed < num_tokens:
-            x = self._host_leaves.pop()
-            if x is None:
-                break
-            parent = x.parent
-            assert parent is not None
-            num_freed += self._detach(x)
-            if not parent.on_device and not parent.children:
-                self._host_leaves.add(parent)
-        self.num_host_evicted_tokens += num_freed
-        return num_freed
 
     def _detach(self, node: TreeNode) -> int:
         """Remove node (off device by now) and its host-only subtree; returns host tokens freed."""
@@ -589,7 +415,7 @@ class RadixCache:
         """Call after changing a node's access time, hit count or priority."""
         if node in self._device_leaves.members:
             self._device_leaves.push(node)
-        if self._host and node in self._host_leaves.members:
+        if node in self._host_leaves.members:
             self._host_leaves.push(node)
 
     def _check_attached(self, node: TreeNode) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from chatfleet.core.engine.radix import TreeNode
+    from chatfleet.core.engine.tree_node import TreeNode
 
 ReqState = Literal["waiting", "prefilling", "running", "finished", "aborted"]
 

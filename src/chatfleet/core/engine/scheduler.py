@@ -18,6 +18,9 @@ Rules (docs/facts.md#sglang-scheduling: SGLang's scheduler.py / schedule_policy.
   their outputs so far and lose nothing else.
 - CUDA graphs cover decode batches up to cuda_graph_max_bs; the step-time model adds the eager
   cost above it.
+- With a host tier (host_tier.py: HiCache), a host prefix of at least 10 tokens is loaded back
+  at admission (its copy overlaps the prefill, step_time.py), and under write-back the copies
+  an eviction makes are waited for by the step that needed the room.
 
 Decode is kept O(1) per step: the scheduler never walks the running batch per token. Each
 running request remembers the global decode step at which its current decode segment started
@@ -35,9 +38,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chatfleet.core.engine.decode_run import advance_thermal, run_ends
+from chatfleet.core.engine.host_tier import (
+    DEFAULT_WRITE_POLICY,
+    LOAD_BACK_THRESHOLD,
+    check_host_tier,
+    make_tree,
+)
 from chatfleet.core.engine.kv_pool import KVPool
 from chatfleet.core.engine.prefill_adder import CLIP_MAX_NEW_TOKENS, PrefillAdder
-from chatfleet.core.engine.radix import RadixCache, as_tokens
+from chatfleet.core.engine.radix import as_tokens
 from chatfleet.core.engine.request import EngineRequest, Segment
 from chatfleet.core.engine.step import Step, StepResult
 from chatfleet.core.engine.step_time import StepTimeModel
@@ -55,8 +64,9 @@ class SchedulerConfig:
     max_running_requests: int | None = None  # None: SGLang's default, pool // 2
     schedule_policy: str = "fcfs"
     eviction_policy: str = "lru"
-    host_pool_tokens: int = 0
-    load_back_threshold: int = 10  # HiCache loads a host prefix back only above this many tokens
+    host_pool_tokens: int = 0  # HiCache's host pool (0: off); larger than the pool
+    hicache_write_policy: str = DEFAULT_WRITE_POLICY
+    load_back_threshold: int = LOAD_BACK_THRESHOLD  # a shorter host prefix is recomputed
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.098
     new_token_ratio_decay_steps: int = 600
@@ -73,8 +83,7 @@ class SchedulerConfig:
             raise ChatfleetError("max_running_requests must be positive")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ChatfleetError(f"unknown schedule policy {self.schedule_policy!r}")
-        if self.host_pool_tokens < 0:
-            raise ChatfleetError("host pool tokens must not be negative")
+        check_host_tier(self.pool_tokens, self.host_pool_tokens, self.hicache_write_policy)
 
     @property
     def max_running(self) -> int:
@@ -90,7 +99,9 @@ class Scheduler:
         self.step_model = step_model
         self.thermal = thermal
         self.pool = KVPool(cfg.pool_tokens)
-        self.tree = RadixCache(cfg.eviction_policy, cfg.host_pool_tokens)
+        self.tree = make_tree(cfg.eviction_policy, cfg.host_pool_tokens, cfg.hicache_write_policy)
+        self._evicting_waits = self.tree.has_host_tier and cfg.hicache_write_policy == \
+            "write_back"
         self.waiting: list[EngineRequest] = []
         self.running: dict[str, EngineRequest] = {}
         self.chunked: EngineRequest | None = None
@@ -312,6 +323,7 @@ class Scheduler:
         sm, mem = self._clock_factors()
         duration = self.step_model.prefill_s(new_tokens, adder.pairs, adder.cached_read,
                                              adder.logits, adder.load_back, sm, mem)
+        duration += self._write_back_wait()
         return Step("prefill", now, duration, batch=batch, num_prefill_tokens=new_tokens,
                     num_cached_tokens=adder.num_cached_tokens, num_waiting=len(self.waiting))
 
@@ -329,16 +341,17 @@ class Scheduler:
         max_steps = 1
         if horizon is not None and not self.waiting and self.chunked is None and not retracted:
             to_finish = self._finish_heap[0][0] - self.num_decode_steps + 1
-            fits = (self.free_tokens() + self.tree.evictable_size()) // n
-            max_steps = max(1, min(to_finish, fits))
-        ends = run_ends(self.step_model.decode_s, n, kv_tokens, now, max_steps,
-                        float("inf") if horizon is None else horizon, self.thermal)
-        t = ends[-1]
+            # write-back makes an eviction cost time: a run then takes no step that evicts
+            evictable = 0 if self._evicting_waits else self.tree.evictable_size()
+            max_steps = max(1, min(to_finish, (self.free_tokens() + evictable) // n))
         # this step's slots now, as a single step takes them; a run's later steps take theirs as
         # it completes (_complete_decode), so that a run cut short by an arrival has evicted
         # from the tree only what the steps it kept needed, as single steps would have
         self.ensure_free(n, now)
         self.pool.allocate(n)
+        ends = run_ends(self.step_model.decode_s, n, kv_tokens, now + self._write_back_wait(),
+                        max_steps, float("inf") if horizon is None else horizon, self.thermal)
+        t = ends[-1]
         step = Step("decode", now, t - now, num_decode=n, num_waiting=len(self.waiting),
                     decode_ends=ends)
         self._pending_retracted = retracted
@@ -400,6 +413,11 @@ class Scheduler:
         if self.thermal is not None and self.in_flight is None and now > self._busy_until:
             self.thermal.advance(now - self._busy_until, 0.0)
             self._busy_until = now
+
+    def _write_back_wait(self) -> float:
+        """The wait for the host copies that this step's evictions made (write-back only:
+        HiRadixCache.evict blocks until they are written)."""
+        return self.step_model.host_transfer_s(self.tree.take_write_back_tokens())
 
     def _clock_factors(self) -> tuple[float, float]:
         if self.thermal is None:

@@ -12,7 +12,12 @@ Prefill step (a batch of at most chunked_prefill_size new tokens):
     fixed_prefill
     + max(streamed weight bytes over effective bandwidth, dense FLOPs over effective FLOPS)
     + attention: causal QK^T/PV FLOPs over effective BF16 FLOPS, plus the cached prefix's KV read
-    + host-tier load-back: bytes over PCIe
+
+    With a host-tier load-back (HiCache), the copy of the loaded KV over PCIe runs on its own
+    stream layer by layer, and each layer's attention waits for its layer's copy
+    (cache_controller.py's LayerDoneCounter): of the forward pass F (everything after the fixed
+    cost) and the copy C, the step takes max(F, C) + min(F, C) / layers (`overlap_layers`).
+    The copy's rate is the card's PCIe link (one direction) times `host_io_eff`.
 
 Compute-bound parts scale with the SM clock and memory-bound parts with the memory clock
 (`sm_factor` and `mem_factor`, both >= 1 as slow-down multipliers; 1 at the calibration clock).
@@ -38,6 +43,9 @@ class StepConstants:
     eager_s: float  # added per decode step above the CUDA-graph batch limit
     cuda_graph_max_bs: int
     chunked_prefill_size: int
+    # share of the PCIe link's rate a host-tier copy reaches (calibration.py's
+    # ASSUMED_HOST_IO_EFF; 1.0 here is the link's whole rate, for hand-made constants)
+    host_io_eff: float = 1.0
 
 
 class StepTimeModel:
@@ -57,7 +65,7 @@ class StepTimeModel:
                                               * model.hidden_size) / self.gemm_flops_per_s
         self.attn_flops_per_pair = (4.0 * model.num_layers * model.num_attention_heads
                                     * model.head_dim)
-        self.pcie_bytes_per_s = gpu.pcie_gbs * 1e9
+        self.host_bytes_per_s = gpu.pcie_gbs * 1e9 * c.host_io_eff  # host <-> device copies
         self.cuda_graph_max_bs = c.cuda_graph_max_bs
         self.chunked_prefill_size = c.chunked_prefill_size
         # a prefill's FLOPs per new token and per sampled token (Model.linear_params sums
@@ -85,7 +93,8 @@ class StepTimeModel:
         attn_pairs: sum over the batch of query x key pairs (causal), see attention_pairs();
         cached_read_tokens: KV tokens read from the cache (the prefix before each chunk);
         logits_tokens: requests whose last prompt token is in this step (lm_head is run there);
-        load_back_tokens: tokens brought back from the host tier before the step.
+        load_back_tokens: tokens the host tier copies back for this step (see the module
+        docstring: the copy overlaps the forward pass layer by layer).
         """
         c = self.constants
         weights = self.weights_s * mem_factor
@@ -94,8 +103,15 @@ class StepTimeModel:
         gemm = flops / self.gemm_flops_per_s * sm_factor
         attn = attn_pairs * self.attn_flops_per_pair / self.attn_flops_per_s * sm_factor
         kv_read = cached_read_tokens * self.kv_read_s_per_token * mem_factor
-        load = load_back_tokens * self.kv_bytes_per_token / self.pcie_bytes_per_s
-        return c.prefill_fixed_s + (weights if weights > gemm else gemm) + attn + kv_read + load
+        if not load_back_tokens:
+            return c.prefill_fixed_s + (weights if weights > gemm else gemm) + attn + kv_read
+        forward = (weights if weights > gemm else gemm) + attn + kv_read
+        return c.prefill_fixed_s + overlap_layers(
+            forward, self.host_transfer_s(load_back_tokens), self.model.num_layers)
+
+    def host_transfer_s(self, tokens: int) -> float:
+        """Copying `tokens` of KV between host and device memory, one way."""
+        return tokens * self.kv_bytes_per_token / self.host_bytes_per_s
 
     def recompute_s(self, tokens: int, cached: int = 0) -> float:
         """Prefill time of `tokens` after `cached` ones, in chunks, alone in its batches: what
@@ -110,6 +126,14 @@ class StepTimeModel:
                                     else 0)
             done += n
         return total
+
+
+def overlap_layers(compute_s: float, copy_s: float, num_layers: int) -> float:
+    """A forward pass of `compute_s` whose layer i waits for layer i of a copy of `copy_s`
+    issued when it starts, both split evenly over `num_layers`: the longer of the two, plus
+    one layer of the shorter (the first layer's copy, or the last layer's compute)."""
+    longer, shorter = (compute_s, copy_s) if compute_s >= copy_s else (copy_s, compute_s)
+    return longer + shorter / num_layers
 
 
 def attention_pairs(context_before: float, new_tokens: float) -> float:
