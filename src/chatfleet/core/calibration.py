@@ -97,6 +97,11 @@ class Calibration:
     source: str
     per_seq_s: float = 0.0  # vLLM model: cost per sequence beyond the first in a step
     frontend_s: float = 0.0  # vLLM model: API-server time per request, before the engine
+    # vLLM model: host time of a step that overlaps the GPU's (eager mode's kernel launches)
+    launch_s: float = 0.0
+    # vLLM model: latency from the API server to the engine that requests do not queue for
+    # (the IPC hop and the first token's way back), beside frontend_s's serial share
+    frontend_delay_s: float = 0.0
 
     def constants(self, gpu: GPU, weights: str) -> StepConstants:
         tier = tier_defaults(gpu.visible_mib)
@@ -183,6 +188,37 @@ def calibration_for(gpu: GPU) -> Calibration:
         return L4_CALIBRATION
     return replace(L4_CALIBRATION, gpu=gpu.name, calibrated=False,
                    source="L4 efficiencies on this card's datasheet figures (uncalibrated)")
+
+
+@dataclass(frozen=True, slots=True)
+class CardPhysics:
+    """What a card's kernels reach, measured on the card itself without an engine."""
+
+    bandwidth_eff: float  # achieved weight-streaming bandwidth / datasheet
+    gemm_eff: float  # achieved dense GEMM rate of the weights' dtype / datasheet
+    source: str
+
+
+# benchmarks/device/phase_power.py on an H200 (2026-12-01, docs/device/h200-phase-power.json):
+# Qwen3-8B's 252 BF16 weight GEMMs of one step as a CUDA graph in plain PyTorch. A 16-token
+# decode step streamed the weights at 3,235.9 GB/s; a 4,096-token prefill step ran at 675.3
+# TFLOPS (at the 700 W limit, the SM clock at 1,500 MHz). Datasheet: 4,800 GB/s, 989 TFLOPS.
+H200_PHASE_POWER = CardPhysics(
+    bandwidth_eff=3235.9 / 4800.0, gemm_eff=675.3 / 989.0,
+    source="docs/device/h200-phase-power.json (benchmarks/device/phase_power.py, H200, BF16 "
+           "weight GEMMs of Qwen3-8B as a CUDA graph, 2026-12-01)")
+
+
+def card_physics(gpu: str, weights: str) -> CardPhysics | None:
+    """The measured physics of a card for a weight dtype: the H200 (BF16, phase_power.py) and
+    the L4 (the SGLang fit's bandwidth and GEMM efficiency, fit_l4); None elsewhere."""
+    if gpu == "h200" and weights == "bf16":
+        return H200_PHASE_POWER
+    if gpu in CALIBRATED_GPUS:
+        cal = L4_CALIBRATION
+        return CardPhysics(cal.bandwidth_eff, cal.gemm_eff.get(weights, cal.gemm_eff["bf16"]),
+                           "the L4 fit (fit_l4: SGLang v0.5 at concurrency 1)")
+    return None
 
 
 def vllm_calibration_for(gpu: GPU) -> Calibration:
@@ -452,7 +488,8 @@ def calibration_to_json(cal: Calibration) -> dict[str, object]:
             "decode_fixed_s": cal.decode_fixed_s, "prefill_fixed_s": cal.prefill_fixed_s,
             "gemm_eff": dict(cal.gemm_eff), "attn_eff": cal.attn_eff, "eager_s": cal.eager_s,
             "calibrated": cal.calibrated, "source": cal.source, "per_seq_s": cal.per_seq_s,
-            "frontend_s": cal.frontend_s}
+            "frontend_s": cal.frontend_s, "launch_s": cal.launch_s,
+            "frontend_delay_s": cal.frontend_delay_s}
 
 
 def calibration_from_json(d: dict[str, object]) -> Calibration:
@@ -469,10 +506,13 @@ def calibration_from_json(d: dict[str, object]) -> Calibration:
             eager_s=float(d["eager_s"]),  # type: ignore[arg-type]
             calibrated=bool(d.get("calibrated", True)), source=str(d.get("source", "")),
             per_seq_s=float(d.get("per_seq_s", 0.0)),  # type: ignore[arg-type]
-            frontend_s=float(d.get("frontend_s", 0.0)))  # type: ignore[arg-type]
+            frontend_s=float(d.get("frontend_s", 0.0)),  # type: ignore[arg-type]
+            launch_s=float(d.get("launch_s", 0.0)),  # type: ignore[arg-type]
+            frontend_delay_s=float(d.get("frontend_delay_s", 0.0)))  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
         raise ChatfleetError(f"not a calibration profile: {exc}") from exc
     if (not 0 < cal.bandwidth_eff <= 1.5 or cal.prefill_fixed_s < 0 or cal.decode_fixed_s < 0
-            or cal.per_seq_s < 0 or cal.frontend_s < 0):
+            or cal.per_seq_s < 0 or cal.frontend_s < 0 or cal.launch_s < 0
+            or cal.frontend_delay_s < 0):
         raise ChatfleetError("calibration profile has out-of-range constants")
     return cal

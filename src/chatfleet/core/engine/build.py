@@ -147,7 +147,7 @@ def step_time_model(spec: EngineSpec) -> StepTimeModel:
         assert cal is not None
         return MixedStepModel(spec.model, spec.gpu, spec.precision, constants, cal.per_seq_s,
                               plan.max_num_batched_tokens,
-                              min(2 * plan.max_num_seqs, 512))
+                              min(2 * plan.max_num_seqs, 512), launch_s=cal.launch_s)
     return StepTimeModel(spec.model, spec.gpu, spec.precision, constants)
 
 
@@ -193,6 +193,7 @@ def build_vllm_scheduler(spec: EngineSpec) -> VLLMScheduler:
         long_prefill_token_threshold=spec.long_prefill_token_threshold,
         max_model_len=min(spec.model.max_position_embeddings, usable),
         frontend_s=cal.frontend_s,
+        frontend_delay_s=cal.frontend_delay_s,
     )
     thermal = ThermalState(thermal_profile_of(spec)) if spec.thermal else None
     return VLLMScheduler(cfg, step_model, thermal)
