@@ -19,6 +19,9 @@
 #            rps (also resumable)
 #   gateway  chatfleet gateway over B and C (cap 16 each), 4-turn sessions, affinity on and off,
 #            the replicas' own gauges sampled
+#   graphs   stop A and start D :8004 on A's cores with vLLM's default CUDA graphs (no
+#            --enforce-eager; torch.compile), 20 GiB, then the full step's workload at
+#            $GRAPHS_GRID users: whether this build runs what users run, and its step time
 # Every step packs its results into $OUT/<step>.tgz as soon as it ends (a run cut off at its
 # limit keeps the finished steps), with host.jsonl: the host's CPUs (busy, steal) and the vLLM
 # processes' CPU every second during the step (host_sampler.py). Windows are $DUR s (45 by
@@ -165,6 +168,41 @@ step_gateway() {
     echo "$mode: $(cat $WORK/gateway/replicas-$mode.json | tr -d '\n ')"
   done
   pack gateway
+}
+
+step_graphs() {
+  mkdir -p $WORK/graphs
+  [ "$SIM" = 1 ] || pkill -f -- "--port 8001" || true
+  sleep 2
+  if [ "$SIM" = 1 ]; then
+    vllm_start D 8004 21474836480 $CPUS_A
+  else
+    setsid taskset -c $CPUS_A python3 -m vllm.entrypoints.openai.api_server --model $MODEL \
+      --served-model-name qwen3-8b --host 127.0.0.1 --port 8004 \
+      --attention-backend TRITON_ATTN --max-model-len 8192 --enable-prefix-caching \
+      --enable-prompt-tokens-details --gpu-memory-utilization 0.3 --kv-cache-memory 21474836480 \
+      > "$WORK/vllm-D.log" 2>&1 < /dev/null &
+  fi
+  local up=0
+  for i in $(seq 1 ${GRAPHS_WAIT:-200}); do
+    health http://127.0.0.1:8004 && { up=1; echo "D up after ${i}s (CUDA graphs)"; break; }
+    pgrep -f -- "--port 8004" > /dev/null || { echo "D exited"; break; }
+    sleep 1
+  done
+  if [ $up = 0 ]; then
+    tail -20 $WORK/vllm-D.log; cp $WORK/vllm-D.log $WORK/graphs/engine.log; pack graphs; return 1
+  fi
+  cf sweep --target http://127.0.0.1:8004 --engine $ENGINE "${COMMON[@]}" --no-flush \
+    --concurrency 8 --lengths uniform --input-len 1024 --output-len 64 --range-ratio 0.9 \
+    --range-convention vllm --duration 6 --warmup 0 --drain 30 --out $WORK/warm-8004 >/dev/null 2>&1
+  host_sampler $WORK/graphs
+  cf sweep --target http://127.0.0.1:8004 --engine $ENGINE "${COMMON[@]}" --engine-log $WORK/vllm-D.log \
+    --concurrency ${GRAPHS_GRID:-1,16,64} --lengths uniform --input-len 512 \
+    --output-len 128 --range-ratio 0.5 --range-convention vllm --system-prompt-tokens 2048 \
+    --out $WORK/graphs/sweep $(resume $WORK/graphs/sweep) | tail -8
+  host_sampler_stop
+  cp $WORK/vllm-D.log $WORK/graphs/engine.log
+  pack graphs
 }
 
 for step in "$@"; do
