@@ -3,6 +3,7 @@ its gateway config as YAML and the KV pool table."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -105,13 +106,20 @@ def print_answer(doc: Plan) -> None:
         f, src = p.figures, p.figures.source
         where = (f"{src.sweep} point {src.point}" if src.point is not None
                  else f"{src.sweep}: no load meets")
-        t.add_row(name, f"{p.pool.kv_pool_tokens:,}", fmt(f.users_per_card, "d"),
+        band = p.uncertainty
+        t.add_row(name, f"{p.pool.kv_pool_tokens:,}",
+                  fmt(f.users_per_card, "d") + ("" if band is None
+                                                else f" ({span(band.users_per_card)})"),
                   fmt(f.gateway_cap, "d"), fmt(f.goodput_rps, ".2f"), fmt(f.rate_rps, ".2f"),
-                  fmt(p.replicas, "d"), fmt(p.cards, "d"),
+                  fmt(p.replicas, "d"),
+                  fmt(p.cards, "d") + ("" if band is None else f" ({span(band.cards)})"),
                   ("ok" if p.accuracy.allowed else "outside margin")
                   + ("" if p.accuracy.checked else " (not checked)"), where)
     out.print(t)
-    if not calibrated:
+    if doc.calibration is not None:
+        for line in provenance_lines(doc.calibration):
+            out.print(f"[yellow]{line}[/]", highlight=False)
+    elif not calibrated:
         out.print(f"[yellow]{uncalibrated_note(doc.pool.gpu)}[/]", highlight=False)
     if rec is None:
         out.print(f"[bold]no recommendation:[/] {doc.why_none}")
@@ -198,6 +206,29 @@ def cooling_lines(doubling: Doubling) -> list[str]:
         lines.append("    to hold the clock: " + "; ".join(fixes) + ".")
     lines.append("  the cooling is one measured card's, yours decides: record clocks in the "
                  "pre-launch sweep (chatfleet sweep --telemetry nvml --clock-floor MHZ).")
+    return lines
+
+
+def span(pair: tuple[int | None, int | None]) -> str:
+    """'16-32' from a (slower, faster) pair, in increasing order ('-' for a missing end)."""
+    ends = sorted(v for v in pair if v is not None)
+    if not ends:
+        return "none"
+    return str(ends[0]) if ends[0] == ends[-1] else f"{ends[0]}-{ends[-1]}"
+
+
+def provenance_lines(prov: Mapping[str, Any]) -> list[str]:
+    """What the twin's constants were fitted on, borrow and assume, and the band (a plan's
+    `calibration` block): one line each."""
+    lines = []
+    for key in ("fitted", "borrowed", "assumed"):
+        items = prov.get(key) or []
+        if items:
+            lines.append(f"{key}: " + "; ".join(items))
+    band = prov.get("error_band")
+    if band is not None:
+        lines.append(f"error band: every step +/-{band:.0%} (in brackets above: users per card "
+                     f"and cards at its edges): {prov.get('error_band_source')}")
     return lines
 
 

@@ -165,7 +165,7 @@ def fit_profile(paths: Sequence[Path], *, gpu: str | None = None, model: str | N
     source = (f"fitted to every step of {', '.join(str(p) for p in paths)} "
               f"({target.get('engine', '?')} on {card.name}, vllm model) on {_dt.date.today()}")
     cal = replace(fit.params.calibration(base, w, source), frontend_s=0.0,
-                  frontend_delay_s=delay)
+                  frontend_delay_s=delay, error_band=fit.band)
     settings = engine_settings(target)
     notes = [delay_note]
     notes += [f"{lp.label}: {lp.point.requests.offered} requests in its window, fewer than "

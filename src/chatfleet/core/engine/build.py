@@ -4,11 +4,14 @@ prefill-first scheduler or vLLM 0.26's token-budget scheduler (protocol.EngineMo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chatfleet.core.calibration import (
     Calibration,
+    Provenance,
     ThermalProfile,
+    calibration_for,
+    provenance,
     step_constants,
     thermal_profile,
     vllm_calibration_for,
@@ -136,6 +139,18 @@ def calibration_of(spec: EngineSpec) -> Calibration | None:
     if spec.calibration is not None or spec.engine_model == "sglang":
         return spec.calibration
     return vllm_calibration_for(spec.gpu)
+
+
+def scaled_spec(spec: EngineSpec, k: float) -> EngineSpec:
+    """The same engine with every step k times as long (Calibration.scaled): the twin's
+    figures at the edges of its error band."""
+    cal = calibration_of(spec) or calibration_for(spec.gpu)
+    return replace(spec, calibration=cal.scaled(k))
+
+
+def provenance_of(spec: EngineSpec) -> Provenance:
+    """What the spec's constants were fitted on, borrow and assume, and their error band."""
+    return provenance(spec.engine_model, spec.gpu, spec.calibration)
 
 
 def step_time_model(spec: EngineSpec) -> StepTimeModel:
