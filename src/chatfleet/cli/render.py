@@ -85,6 +85,27 @@ def knee_lines(doc: SweepDoc) -> list[str]:
     return lines
 
 
+def band_lines(doc: SweepDoc) -> list[str]:
+    """The knees at the edges of the twin's error band, and where the constants come from
+    (a twin sweep's knee_band and calibration blocks), when the sweep has them."""
+    band = doc.extra.get("knee_band")
+    if not isinstance(band, Mapping):
+        return []
+    lines = []
+    for mode, unit in (("closed", "users"), ("open", "rps")):
+        edges = band.get("knee" if mode == "closed" else "knee_rate") or {}
+        if not doc.has_mode(mode):  # type: ignore[arg-type]
+            continue
+        slower, faster = (edges.get("slower") or {}), (edges.get("faster") or {})
+        lines.append(f"{mode}-loop knee with every step {band['error_band']:.0%} slower: meets "
+                     f"{slower.get('meets')} {unit}; {band['error_band']:.0%} faster: meets "
+                     f"{faster.get('meets')} {unit}")
+    cal = doc.extra.get("calibration")
+    if isinstance(cal, Mapping):
+        lines += provenance_lines(cal)
+    return lines
+
+
 def gateway_yaml(doc: Plan) -> str:
     assert doc.recommendation is not None and doc.gateway_config is not None
     head = (f"# chatfleet gateway config from `chatfleet plan` ({doc.pool.gpu}, "
@@ -119,6 +140,8 @@ def print_answer(doc: Plan) -> None:
     if doc.calibration is not None:
         for line in provenance_lines(doc.calibration):
             out.print(f"[yellow]{line}[/]", highlight=False)
+        out.print("[yellow](in brackets: users per card and cards at the band's edges)[/]",
+                  highlight=False)
     elif not calibrated:
         out.print(f"[yellow]{uncalibrated_note(doc.pool.gpu)}[/]", highlight=False)
     if rec is None:
@@ -227,8 +250,7 @@ def provenance_lines(prov: Mapping[str, Any]) -> list[str]:
             lines.append(f"{key}: " + "; ".join(items))
     band = prov.get("error_band")
     if band is not None:
-        lines.append(f"error band: every step +/-{band:.0%} (in brackets above: users per card "
-                     f"and cards at its edges): {prov.get('error_band_source')}")
+        lines.append(f"error band: every step +/-{band:.0%}: {prov.get('error_band_source')}")
     return lines
 
 

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from chatfleet.cli.common import (
     Command,
@@ -29,11 +37,11 @@ from chatfleet.cli.options import (
     profile_calibration,
     read_sweep_file,
 )
-from chatfleet.cli.render import knee_lines, sweep_table
+from chatfleet.cli.render import band_lines, knee_lines, sweep_table
 from chatfleet.cli.render_fit import print_judgement, print_profile
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.documents.sweep import SweepDoc
-from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.build import EngineSpec, provenance_of, scaled_spec
 from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.slo import SLO
@@ -45,7 +53,7 @@ from chatfleet.twin.calibrate_steps import choose_method, fit_profile
 from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
 from chatfleet.twin.judge import judge
 from chatfleet.twin.run import is_calibrated
-from chatfleet.twin.sweep import TwinSweep
+from chatfleet.twin.sweep import TwinSweep, with_band
 
 twin_app = typer.Typer(help="The engine twin: SGLang or vLLM on a given GPU, in virtual time.",
                        no_args_is_help=True)
@@ -227,8 +235,12 @@ def sweep(
     json_out: Path | None = typer.Option(None, "--json", help="Write the chatfleet.sweep/1 "
                                          "document here (rewritten after every point)."),
     print_doc: bool = typer.Option(False, "--print-json", help="Print the document on stdout."),
+    band: bool = typer.Option(True, "--band/--no-band", help="Also sweep with every step "
+                              "slower and faster by the calibration's error band, and give "
+                              "the knees at both edges (knee_band in the document)."),
 ) -> None:
-    """Sweep load points through the twin and find the knee."""
+    """Sweep load points through the twin and find the knee, with its range under the
+    calibration's error band."""
     with clean_errors():
         check_output_file(json_out, "--json")
         if replicas < 1 or (cap is not None and cap < 1):
@@ -276,13 +288,29 @@ def sweep(
                 bar.advance(task)
 
             doc = sweeper.run(loads, refine=refine, on_point=on_point)
+            if band:
+                prov = provenance_of(spec)
+                edges = []
+                for k in (1 + prov.band, 1 - prov.band):
+                    edge = bar.add_task(f"the same, every step x{k:g}", total=len(loads))
+
+                    def advance(_: SweepDoc, edge: TaskID = edge) -> None:
+                        bar.advance(edge)
+
+                    edges.append(replace(sweeper, spec=scaled_spec(spec, k)).run(
+                        loads, refine=refine, on_point=advance))
+                doc = with_band(doc, prov, edges[0], edges[1])
+                if json_out is not None:
+                    write_json(json_out, doc.to_json())
     if print_doc:
         print_json(doc.to_json())
         return
     out.print(sweep_table(doc, title))
-    if not is_calibrated(spec):
+    if not is_calibrated(spec) and not band:
         out.print(f"[yellow]{uncalibrated_note(spec.gpu.name)}[/]", highlight=False)
     for line in knee_lines(doc):
         out.print(line)
+    for line in band_lines(doc):
+        out.print(f"[yellow]{line}[/]", highlight=False)
     if json_out is not None:
         out.print(f"wrote {json_out}")
