@@ -7,24 +7,34 @@
 # Steps:
 #   up       build the random-weight Qwen3-8B (bf16) and start three vLLM processes (setsid: they
 #            outlive the run while the machine stays warm): A :8001 with an L4-sized KV pool
-#            (3,552,804,864 bytes: 24,080 tokens), B :8002 and C :8003 with 20 GiB each
+#            (3,552,804,864 bytes: 24,080 tokens), B :8002 and C :8003 with 20 GiB each, each
+#            pinned to 4 cores of its own (A 0-3, B 4-7, C 8-11; the client 12-15): in eager
+#            mode vLLM is bound by its host, and engines that shared 12 cores ran steps of 25 or
+#            47 ms at the same batch (the runs of 2026-12-03)
 #   power    NVML power by phase on B: a prefill-bound load (4,000-token prompts, 2 tokens out)
 #            and a decode-bound one (64-token prompts, 1,024 out), and the idle card
-#   l4pool   the pool-bound regime on A: fixed 512/128, no shared prompt, 1-64 users
-#   full     B: the 2,048-token shared prompt, uniform lengths, 1-128 users and a rate grid
+#   l4pool   the pool-bound regime on A: fixed 512/128, no shared prompt, $L4POOL_GRID users
+#            (1,4,16,32,64; a later call with another grid adds to the same sweep: --resume)
+#   full     B: the 2,048-token shared prompt, uniform lengths, $FULL_GRID users and $FULL_RATES
+#            rps (also resumable)
 #   gateway  chatfleet gateway over B and C (cap 16 each), 4-turn sessions, affinity on and off,
 #            the replicas' own gauges sampled
+#   graphs   stop A and start D :8004 on A's cores with vLLM's default CUDA graphs (no
+#            --enforce-eager; torch.compile), 20 GiB, then the full step's workload at
+#            $GRAPHS_GRID users: whether this build runs what users run, and its step time
 # Every step packs its results into $OUT/<step>.tgz as soon as it ends (a run cut off at its
-# limit keeps the finished steps). These are H200 figures of vLLM with Triton attention in eager
+# limit keeps the finished steps), with host.jsonl: the host's CPUs (busy, steal) and the vLLM
+# processes' CPU every second during the step (host_sampler.py). Windows are $DUR s (45 by
+# default) after a $WARM-s warm-up (8). These are H200 figures of vLLM with Triton attention in eager
 # mode, never L4 figures.
 # SIM=1 runs the same steps here, without a GPU, against simservers (a dry run of the script:
 # no model, no NVML, the power step skipped).
 set -uo pipefail
 SIM=${SIM:-0}
 ENGINE=vllm; TELEMETRY=nvml; FLUSH_PATH=/reset_prefix_cache
-CLIENT_CPUS=12-15; ENGINE_CPUS=0-11
+CLIENT_CPUS=12-15; CPUS_A=0-3; CPUS_B=4-7; CPUS_C=8-11
 [ "$SIM" = 1 ] && { ENGINE=simserver; TELEMETRY=simserver; FLUSH_PATH=/flush_cache
-                    CLIENT_CPUS=0-1; ENGINE_CPUS=0-1; }
+                    CLIENT_CPUS=0-1; CPUS_A=0-1; CPUS_B=0-1; CPUS_C=0-1; }
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
@@ -44,17 +54,25 @@ wait_up() {
   echo "not up: $*"; tail -30 $WORK/vllm-*.log; return 1
 }
 pack() { tar -czf "$OUT/$1.tgz" -C "$WORK" "$1" && echo "packed $1: $(du -h "$OUT/$1.tgz" | cut -f1)"; }
+# the host's CPUs while a step runs: host_sampler DIR starts it, host_sampler_stop ends it
+host_sampler() {
+  mkdir -p "$1"
+  python3 benchmarks/device/host_sampler.py --out "$1/host-$(date +%H%M%S).jsonl" \
+    --match "${HOST_MATCH:-vllm}" --seconds 900 < /dev/null > /dev/null 2>&1 &
+  SAMPLER=$!
+}
+host_sampler_stop() { kill -INT $SAMPLER 2>/dev/null; wait $SAMPLER 2>/dev/null; }
 COMMON=(--model qwen3-8b --gpu h200 --weights bf16 --kv-cache bf16 --telemetry $TELEMETRY
-        --clock-floor 1000 --duration ${DUR:-20} --warmup ${WARM:-5} --drain 60)
+        --clock-floor 1000 --duration ${DUR:-45} --warmup ${WARM:-8} --drain 60)
 
-vllm_start() {  # name port kv_bytes
+vllm_start() {  # name port kv_bytes cpus
   if [ "$SIM" = 1 ]; then
     setsid python3 -c 'from chatfleet.cli import main; main()' simserver --port "$2" \
       --weights bf16 --kv-cache bf16 --pool-tokens $(( $3 / 147456 )) --time-scale 4 \
       > "$WORK/vllm-$1.log" 2>&1 < /dev/null &
     return
   fi
-  setsid taskset -c $ENGINE_CPUS python3 -m vllm.entrypoints.openai.api_server --model $MODEL \
+  setsid taskset -c "$4" python3 -m vllm.entrypoints.openai.api_server --model $MODEL \
     --served-model-name qwen3-8b --host 127.0.0.1 --port "$2" --enforce-eager \
     --attention-backend TRITON_ATTN --max-model-len 8192 --enable-prefix-caching \
     --enable-prompt-tokens-details --gpu-memory-utilization 0.3 --kv-cache-memory "$3" \
@@ -64,9 +82,9 @@ vllm_start() {  # name port kv_bytes
 step_up() {
   nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv | tee "$WORK/gpu.txt"
   [ "$SIM" = 1 ] || [ -f "$MODEL/config.json" ] || python3 benchmarks/device/make_random_qwen3.py "$MODEL"
-  vllm_start A 8001 3552804864
-  vllm_start B 8002 21474836480
-  vllm_start C 8003 21474836480
+  vllm_start A 8001 3552804864 $CPUS_A
+  vllm_start B 8002 21474836480 $CPUS_B
+  vllm_start C 8003 21474836480 $CPUS_C
   wait_up http://127.0.0.1:8001 http://127.0.0.1:8002 http://127.0.0.1:8003 || return 1
   grep -h "GPU KV cache size" $WORK/vllm-*.log
   # compile the Triton kernels before anything is measured (short and long prompts, batches)
@@ -99,19 +117,26 @@ EOF
   pack power
 }
 
+resume() { [ -f "$1/runs.jsonl" ] && echo --resume; }
+
 step_l4pool() {
+  host_sampler $WORK/l4pool
   cf sweep --target http://127.0.0.1:8001 --engine $ENGINE "${COMMON[@]}" --engine-log $WORK/vllm-A.log \
-    --concurrency 1,2,4,8,16,32,64 --lengths fixed --input-len 512 --output-len 128 \
-    --system-prompt-tokens 0 --out $WORK/l4pool | tail -14
+    --concurrency ${L4POOL_GRID:-1,4,16,32,64} --lengths fixed --input-len 512 --output-len 128 \
+    --system-prompt-tokens 0 --out $WORK/l4pool $(resume $WORK/l4pool) | tail -14
+  host_sampler_stop
   cp $WORK/vllm-A.log $WORK/l4pool/engine.log
   pack l4pool
 }
 
 step_full() {
+  host_sampler $WORK/full
+  local rates=${FULL_RATES-6,12,24}
   cf sweep --target http://127.0.0.1:8002 --engine $ENGINE "${COMMON[@]}" --engine-log $WORK/vllm-B.log \
-    --concurrency 1,2,4,8,16,32,64,128 --rate 2,4,8,12 --lengths uniform --input-len 512 \
+    --concurrency ${FULL_GRID:-4,16,64,128} ${rates:+--rate $rates} --lengths uniform --input-len 512 \
     --output-len 128 --range-ratio 0.5 --range-convention vllm --system-prompt-tokens 2048 \
-    --out $WORK/full | tail -16
+    --out $WORK/full $(resume $WORK/full) | tail -16
+  host_sampler_stop
   cp $WORK/vllm-B.log $WORK/full/engine.log
   pack full
 }
@@ -143,6 +168,41 @@ step_gateway() {
     echo "$mode: $(cat $WORK/gateway/replicas-$mode.json | tr -d '\n ')"
   done
   pack gateway
+}
+
+step_graphs() {
+  mkdir -p $WORK/graphs
+  [ "$SIM" = 1 ] || pkill -f -- "--port 8001" || true
+  sleep 2
+  if [ "$SIM" = 1 ]; then
+    vllm_start D 8004 21474836480 $CPUS_A
+  else
+    setsid taskset -c $CPUS_A python3 -m vllm.entrypoints.openai.api_server --model $MODEL \
+      --served-model-name qwen3-8b --host 127.0.0.1 --port 8004 \
+      --attention-backend TRITON_ATTN --max-model-len 8192 --enable-prefix-caching \
+      --enable-prompt-tokens-details --gpu-memory-utilization 0.3 --kv-cache-memory 21474836480 \
+      > "$WORK/vllm-D.log" 2>&1 < /dev/null &
+  fi
+  local up=0
+  for i in $(seq 1 ${GRAPHS_WAIT:-200}); do
+    health http://127.0.0.1:8004 && { up=1; echo "D up after ${i}s (CUDA graphs)"; break; }
+    pgrep -f -- "--port 8004" > /dev/null || { echo "D exited"; break; }
+    sleep 1
+  done
+  if [ $up = 0 ]; then
+    tail -20 $WORK/vllm-D.log; cp $WORK/vllm-D.log $WORK/graphs/engine.log; pack graphs; return 1
+  fi
+  cf sweep --target http://127.0.0.1:8004 --engine $ENGINE "${COMMON[@]}" --no-flush \
+    --concurrency 8 --lengths uniform --input-len 1024 --output-len 64 --range-ratio 0.9 \
+    --range-convention vllm --duration 6 --warmup 0 --drain 30 --out $WORK/warm-8004 >/dev/null 2>&1
+  host_sampler $WORK/graphs
+  cf sweep --target http://127.0.0.1:8004 --engine $ENGINE "${COMMON[@]}" --engine-log $WORK/vllm-D.log \
+    --concurrency ${GRAPHS_GRID:-1,16,64} --lengths uniform --input-len 512 \
+    --output-len 128 --range-ratio 0.5 --range-convention vllm --system-prompt-tokens 2048 \
+    --out $WORK/graphs/sweep $(resume $WORK/graphs/sweep) | tail -8
+  host_sampler_stop
+  cp $WORK/vllm-D.log $WORK/graphs/engine.log
+  pack graphs
 }
 
 for step in "$@"; do

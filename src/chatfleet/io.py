@@ -15,6 +15,10 @@ from typing import Any
 
 import orjson
 
+from chatfleet.core.documents.sweep import SweepPoint
+from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.records import RequestRecord, record_from_json
+
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
     """Replace `path` with `data` (text as UTF-8) in one rename; parent folders are made."""
@@ -45,3 +49,43 @@ def dumps(doc: Any) -> bytes:
 def write_json(path: str | os.PathLike[str], doc: Any) -> None:
     """`write_atomic(path, dumps(doc))`: a JSON document that is never seen half-written."""
     write_atomic(path, dumps(doc))
+
+
+def read_records(path: str | os.PathLike[str]) -> list[RequestRecord]:
+    """A run's records.jsonl (one request a line). A bad line is refused with the file and the
+    line number; a truncated last line (a run killed mid-write) is left out."""
+    p = Path(path)
+    try:
+        lines = p.read_bytes().splitlines()
+    except OSError as exc:
+        raise ChatfleetError(f"cannot read {p}: {exc.strerror or exc}") from None
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+            if not isinstance(row, dict):
+                raise ChatfleetError("not a JSON object")
+            out.append(record_from_json(row))
+        except (orjson.JSONDecodeError, ChatfleetError) as exc:
+            if i == len(lines) and isinstance(exc, orjson.JSONDecodeError):
+                break  # the last line cut short
+            raise ChatfleetError(f"{p}:{i}: {exc}") from None
+    return out
+
+
+def run_file(base: Path, point: SweepPoint, kind: str) -> Path | None:
+    """Where a live sweep's point keeps its `kind` file (records, engine, telemetry): the path
+    the point names (relative to the sweep's folder), else runs/NNN/<kind>.jsonl if there."""
+    files = None if point.live is None else point.live.files
+    named = None if files is None else files.get(kind)
+    if named is not None:
+        p = Path(named)
+        return p if p.is_absolute() else base / p
+    idx = point.run_index
+    if idx is not None:
+        guess = base / "runs" / f"{idx:03d}" / f"{kind}.jsonl"
+        if guess.is_file():
+            return guess
+    return None

@@ -119,9 +119,10 @@ def test_the_plan_in_workers_is_the_plan_in_one_process(
 
 
 @pytest.mark.timeout(300)
-def test_one_precision_sweeps_here_while_the_fleet_runs_go_to_workers(
+def test_one_precisions_sweeps_and_the_fleet_runs_give_one_plan_on_any_workers(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch of one task runs in this process; the pool still serves the fleet runs."""
+    """One precision is three sweeps (as fitted and at the two edges of the error band), a
+    batch the pool's workers take like the fleet runs; one worker or two, the same plan."""
     spawns = Spawns(monkeypatch)
     ran: list[int] = []
     real = WorkerPool.run
@@ -135,5 +136,5 @@ def test_one_precision_sweeps_here_while_the_fleet_runs_go_to_workers(
     here, _ = plan_on(1, monkeypatch, one)
     spawned, _ = plan_on(2, monkeypatch, one)
     assert [len(p) for p in spawns.pids] == [0, 2]
-    assert ran == [1, DOUBLING_RUNS] * 2
+    assert ran == [3, DOUBLING_RUNS] * 2
     assert spawned == here and set(here["sweeps"]) == {"fp8"}

@@ -27,7 +27,7 @@ from chatfleet.core.documents.fields import DocumentError
 from chatfleet.core.documents.sweep import SweepDoc, SweepPoint
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.knee import sweep_document
-from chatfleet.core.records import RequestRecord
+from chatfleet.core.records import RequestRecord, record_to_json
 from chatfleet.core.slo import SLO
 from chatfleet.io import write_json
 
@@ -104,13 +104,6 @@ class SweepDir:
         path = self.run_dir(index) / "records.jsonl"
         with open(path, "wb") as f:
             for r in records:
-                f.write(orjson.dumps({
-                    "request_id": r.request_id, "session_id": r.session_id, "turn": r.turn,
-                    "replica": r.replica, "scheduled_time": r.scheduled_time,
-                    "send_time": r.send_time, "first_token_time": r.first_token_time,
-                    "token_times": list(r.token_times), "prompt_tokens": r.prompt_tokens,
-                    "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens,
-                    "outcome": r.outcome, "error": r.error, "response_id": r.response_id,
-                    "itl_estimated": r.itl_estimated,
-                }, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+                f.write(orjson.dumps(record_to_json(r), option=orjson.OPT_SERIALIZE_NUMPY)
+                        + b"\n")
         return path

@@ -20,7 +20,7 @@ from chatfleet.cli.common import (
     progress_bars,
     uncalibrated_note,
 )
-from chatfleet.cli.options import MAX_PLAN_USERS, read_sweep_file
+from chatfleet.cli.options import MAX_PLAN_USERS, profile_calibration, read_sweep_file
 from chatfleet.cli.render import gateway_yaml, pool_table, print_answer
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.documents.load import load_from_json
@@ -91,6 +91,9 @@ def plan(
     engine_model: str = typer.Option(
         "sglang", help="The engine the plan is for: sglang (SGLang's pool rule and twin) or "
         "vllm (vLLM's pool rule, the vLLM twin's knee, vLLM's launch command)."),
+    profile: Path | None = typer.Option(
+        None, help="A profile `chatfleet twin calibrate` fitted on your engine: the twin runs "
+        "its constants and carries its error band (default: the built-in ones)."),
 ) -> None:
     """Size the KV pool the way SGLang (or vLLM) does; with --users, answer how many users fit
     on a card, which precision to serve, which caps, how many cards, and how to launch it."""
@@ -128,7 +131,8 @@ def plan(
             grid=tuple(parse_list(grid, int, "--grid")),
             rates=tuple(parse_list(rates, float, "--rates")), duration_s=duration,
             warmup_s=warmup, seed=seed, doubling_hours=doubling_hours, eviction=eviction,
-            model_path=model_path, cap_margin=cap_margin, engine_model=engine_model)
+            model_path=model_path, cap_margin=cap_margin, engine_model=engine_model,
+            calibration=profile_calibration(profile, gpu, engine_model))
         req.profile.workload()  # bad lengths or turns fail here, before any work
         for sweep_path in sweep:
             check_plan_sweep(sweep_path)

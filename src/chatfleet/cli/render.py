@@ -3,6 +3,7 @@ its gateway config as YAML and the KV pool table."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -84,6 +85,27 @@ def knee_lines(doc: SweepDoc) -> list[str]:
     return lines
 
 
+def band_lines(doc: SweepDoc) -> list[str]:
+    """The knees at the edges of the twin's error band, and where the constants come from
+    (a twin sweep's knee_band and calibration blocks), when the sweep has them."""
+    band = doc.extra.get("knee_band")
+    if not isinstance(band, Mapping):
+        return []
+    lines = []
+    for mode, unit in (("closed", "users"), ("open", "rps")):
+        edges = band.get("knee" if mode == "closed" else "knee_rate") or {}
+        if not doc.has_mode(mode):  # type: ignore[arg-type]
+            continue
+        slower, faster = (edges.get("slower") or {}), (edges.get("faster") or {})
+        lines.append(f"{mode}-loop knee with every step {band['error_band']:.0%} slower: meets "
+                     f"{slower.get('meets')} {unit}; {band['error_band']:.0%} faster: meets "
+                     f"{faster.get('meets')} {unit}")
+    cal = doc.extra.get("calibration")
+    if isinstance(cal, Mapping):
+        lines += provenance_lines(cal)
+    return lines
+
+
 def gateway_yaml(doc: Plan) -> str:
     assert doc.recommendation is not None and doc.gateway_config is not None
     head = (f"# chatfleet gateway config from `chatfleet plan` ({doc.pool.gpu}, "
@@ -105,13 +127,22 @@ def print_answer(doc: Plan) -> None:
         f, src = p.figures, p.figures.source
         where = (f"{src.sweep} point {src.point}" if src.point is not None
                  else f"{src.sweep}: no load meets")
-        t.add_row(name, f"{p.pool.kv_pool_tokens:,}", fmt(f.users_per_card, "d"),
+        band = p.uncertainty
+        t.add_row(name, f"{p.pool.kv_pool_tokens:,}",
+                  fmt(f.users_per_card, "d") + ("" if band is None
+                                                else f" ({span(band.users_per_card)})"),
                   fmt(f.gateway_cap, "d"), fmt(f.goodput_rps, ".2f"), fmt(f.rate_rps, ".2f"),
-                  fmt(p.replicas, "d"), fmt(p.cards, "d"),
+                  fmt(p.replicas, "d"),
+                  fmt(p.cards, "d") + ("" if band is None else f" ({span(band.cards)})"),
                   ("ok" if p.accuracy.allowed else "outside margin")
                   + ("" if p.accuracy.checked else " (not checked)"), where)
     out.print(t)
-    if not calibrated:
+    if doc.calibration is not None:
+        for line in provenance_lines(doc.calibration):
+            out.print(f"[yellow]{line}[/]", highlight=False)
+        out.print("[yellow](in brackets: users per card and cards at the band's edges)[/]",
+                  highlight=False)
+    elif not calibrated:
         out.print(f"[yellow]{uncalibrated_note(doc.pool.gpu)}[/]", highlight=False)
     if rec is None:
         out.print(f"[bold]no recommendation:[/] {doc.why_none}")
@@ -198,6 +229,28 @@ def cooling_lines(doubling: Doubling) -> list[str]:
         lines.append("    to hold the clock: " + "; ".join(fixes) + ".")
     lines.append("  the cooling is one measured card's, yours decides: record clocks in the "
                  "pre-launch sweep (chatfleet sweep --telemetry nvml --clock-floor MHZ).")
+    return lines
+
+
+def span(pair: tuple[int | None, int | None]) -> str:
+    """'16-32' from a (slower, faster) pair, in increasing order ('-' for a missing end)."""
+    ends = sorted(v for v in pair if v is not None)
+    if not ends:
+        return "none"
+    return str(ends[0]) if ends[0] == ends[-1] else f"{ends[0]}-{ends[-1]}"
+
+
+def provenance_lines(prov: Mapping[str, Any]) -> list[str]:
+    """What the twin's constants were fitted on, borrow and assume, and the band (a plan's
+    `calibration` block): one line each."""
+    lines = []
+    for key in ("fitted", "borrowed", "assumed"):
+        items = prov.get(key) or []
+        if items:
+            lines.append(f"{key}: " + "; ".join(items))
+    band = prov.get("error_band")
+    if band is not None:
+        lines.append(f"error band: every step +/-{band:.0%}: {prov.get('error_band_source')}")
     return lines
 
 

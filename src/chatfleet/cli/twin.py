@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from chatfleet.cli.common import (
     Command,
@@ -35,10 +42,11 @@ from chatfleet.cli.options import (
     read_sweep_file,
     with_host_tier,
 )
-from chatfleet.cli.render import knee_lines, load_label, sweep_table
+from chatfleet.cli.render import band_lines, knee_lines, sweep_table
+from chatfleet.cli.render_fit import print_judgement, print_profile
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
-from chatfleet.core.documents.sweep import SweepDoc, load_from_json
-from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.documents.sweep import SweepDoc
+from chatfleet.core.engine.build import EngineSpec, provenance_of, scaled_spec
 from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY
 from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.fleet.fleet import FleetSettings
@@ -47,9 +55,11 @@ from chatfleet.core.specs import precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.io import write_json
 from chatfleet.twin.calibrate import calibrate
+from chatfleet.twin.calibrate_steps import choose_method, fit_profile
 from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
+from chatfleet.twin.judge import judge
 from chatfleet.twin.run import is_calibrated
-from chatfleet.twin.sweep import TwinSweep
+from chatfleet.twin.sweep import TwinSweep, with_band
 
 twin_app = typer.Typer(help="The engine twin: SGLang or vLLM on a given GPU, in virtual time.",
                        no_args_is_help=True)
@@ -60,73 +70,99 @@ ENGINE_MODEL_HELP = ("The engine model: sglang (v0.5, prefill first) or vllm (0.
 
 @twin_app.command("calibrate", cls=Command)
 def calibrate_cmd(
-    from_: Path = typer.Option(..., "--from", help="A live sweep: DIR or DIR/sweep.json."),
+    from_: list[Path] = typer.Option(..., "--from", help="A live sweep: DIR or DIR/sweep.json "
+                                     "(repeat it to fit several sweeps of one engine)."),
     out_path: Path = typer.Option(..., "--out", help="Where to write the profile (JSON)."),
     gpu: str | None = typer.Option(None, help="The card (default: the sweep's target.gpu)."),
     model: str | None = typer.Option(None, help="Model spec (default: qwen3-8b)."),
     weights: str | None = typer.Option(None, help="Default: the sweep's target.weights."),
     kv_cache: str | None = typer.Option(None, "--kv-cache", help="Default: target.kv_cache."),
-    gemm_eff: float = typer.Option(0.5, help="Assumed GEMM efficiency of its prefill."),
+    method: str = typer.Option(
+        "auto", help="steps: fit the vllm model to every step of every point (needs the "
+        "sweep's records: a live sweep's DIR); points: the concurrency-1 point (and for vllm "
+        "one more); auto: steps where it can (docs/twin.md#calibrating-the-vllm-model)."),
+    hold: str | None = typer.Option(
+        None, help="steps: constants held at their prior instead of fitted, comma-separated "
+        "(default: bandwidth_eff,gemm_eff where the card's physics were measured; 'none' "
+        "frees all)."),
+    gemm_eff: float = typer.Option(0.5, help="points: assumed GEMM efficiency of its prefill."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
     engine_model: str | None = typer.Option(
         None, help="sglang or vllm (default: the sweep's target.engine: vllm for a vLLM "
         "sweep, sglang otherwise)."),
     fit_points: str | None = typer.Option(
-        None, help="Closed-loop user counts to fit, concurrency 1 first (sglang: 1; vllm: 1 "
-        "and one more, default the largest tested <= 16)."),
+        None, help="points: closed-loop user counts to fit, concurrency 1 first (sglang: 1; "
+        "vllm: 1 and one more, default the largest tested <= 16)."),
     bandwidth_eff: float | None = typer.Option(
-        None, help="Hold the bandwidth efficiency here and fit the decode fixed cost instead "
-        "(the vLLM model's default holds the L4 fit's)."),
+        None, help="points: hold the bandwidth efficiency here and fit the decode fixed cost "
+        "instead (the vLLM model's default holds the L4 fit's)."),
     frontend_ms: str = typer.Option(
-        "0", help="vLLM model: the API server's time per request before the engine sees it, "
-        "taken from the concurrency-1 TTFT (ms), or auto: searched on the second point's "
+        "0", help="points, vllm: the API server's time per request before the engine sees "
+        "it, taken from the concurrency-1 TTFT (ms), or auto: searched on the second point's "
         "TTFT (fragile with fixed lengths, docs/twin.md)."),
 ) -> None:
-    """Fit the twin's step-time constants to a live sweep (its concurrency-1 point; the vLLM
-    model a second point too) and report the fit's error on the sweep's other points."""
+    """Fit the twin's step-time constants to a live sweep and report the fit's error on every
+    point. The vLLM model is fitted to every step of every point (each request's token gaps,
+    with the batch and prefills they carried); without the sweep's records, and for the SGLang
+    model, to its concurrency-1 point (vLLM: and one more)."""
     with clean_errors():
         check_output_file(out_path, "--out")
-        read_sweep_file(from_, "--from")  # a wrong file is one line, before the fit reads it
+        for path in from_:
+            read_sweep_file(path, "--from")  # a wrong file is one line, before the fit reads it
         if not 0 < gemm_eff <= 1:
             fail(f"--gemm-eff {gemm_eff}: a share of the card's peak FLOPS, in (0, 1]")
-        points = parse_list(fit_points, int, "--fit-points") if fit_points else None
-        frontend: float | str = "auto"
-        if frontend_ms != "auto":
-            try:
-                frontend = float(frontend_ms) / 1000
-            except ValueError:
-                fail(f"--frontend-ms {frontend_ms!r}: a number of milliseconds or auto")
-        prof = calibrate(from_, gpu=gpu, model=model, weights=weights, kv_cache=kv_cache,
-                         gemm_eff=gemm_eff, engine_model=engine_model, fit_points=points,
-                         bandwidth_eff=bandwidth_eff, frontend_s=frontend)
+        how = choose_method(from_, engine_model, method)
+        if how == "steps":
+            held = None if hold is None else [] if hold == "none" else parse_list(
+                hold, str, "--hold")
+            prof = fit_profile(from_, gpu=gpu, model=model, weights=weights,
+                               kv_cache=kv_cache, hold=held)
+        else:
+            if len(from_) > 1:
+                fail("--method points fits one sweep: give one --from")
+            points = parse_list(fit_points, int, "--fit-points") if fit_points else None
+            frontend: float | str = "auto"
+            if frontend_ms != "auto":
+                try:
+                    frontend = float(frontend_ms) / 1000
+                except ValueError:
+                    fail(f"--frontend-ms {frontend_ms!r}: a number of milliseconds or auto")
+            prof = calibrate(from_[0], gpu=gpu, model=model, weights=weights,
+                             kv_cache=kv_cache, gemm_eff=gemm_eff, engine_model=engine_model,
+                             fit_points=points, bandwidth_eff=bandwidth_eff,
+                             frontend_s=frontend)
         write_json(out_path, prof)
     if as_json:
         print_json(prof)
         return
-    cal = prof["calibration"]
-    out.print(f"profile for {prof['gpu']} {prof['weights']}/{prof['kv_cache']} "
-              f"({prof['engine_model']} model, fitted on "
-              f"{', '.join(map(str, prof['fit_points']))} users): bandwidth "
-              f"efficiency {cal['bandwidth_eff']:.3f}, prefill fixed "
-              f"{cal['prefill_fixed_s'] * 1000:.1f} ms, decode fixed "
-              f"{cal['decode_fixed_s'] * 1000:.1f} ms"
-              + (f", per sequence {cal['per_seq_s'] * 1e6:.0f} us, front end "
-                 f"{cal['frontend_s'] * 1000:.1f} ms per request"
-                 if prof["engine_model"] == "vllm" else ""))
-    for note in prof.get("fit_notes") or ():
-        out.print(f"note: {note}")
-    t = Table(title="fit error on the sweep's points (twin against live, medians)")
-    for col in ("load", "fitted on", "TTFT live", "TTFT twin", "TPOT live", "TPOT twin",
-                "tok/s live", "tok/s twin"):
-        t.add_column(col, justify="right")
-    for row in prof["fit_error"]:
-        label = load_label(load_from_json(row["load"]))
-        t.add_row(label, "yes" if row["fitted_on"] else "",
-                  f"{row['ttft_p50']['live']:.0f}", f"{row['ttft_p50']['twin']:.0f}",
-                  f"{row['tpot_p50']['live']:.1f}", f"{row['tpot_p50']['twin']:.1f}",
-                  f"{row['output_tok_s']['live']:.0f}", f"{row['output_tok_s']['twin']:.0f}")
-    out.print(t)
+    print_profile(prof)
     out.print(f"wrote {out_path}")
+
+
+@twin_app.command("judge", cls=Command)
+def judge_cmd(
+    profile: Path = typer.Option(..., "--profile", help="A profile `twin calibrate` wrote."),
+    against: list[Path] = typer.Option(..., "--against", help="A live sweep (DIR or its "
+                                       "sweep.json) to replay; repeat it for several."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the judgement (JSON)."),
+    print_doc: bool = typer.Option(False, "--print-json", help="Print it on stdout."),
+) -> None:
+    """Replay every point of live sweeps through the twin with a fitted profile: twin against
+    live, point by point, with the targets a held-out point must meet and the knees."""
+    with clean_errors():
+        if json_out is not None:
+            check_output_file(json_out, "--json")
+        for path in against:
+            read_sweep_file(path, "--against")
+        doc = judge(profile, against)
+        if json_out is not None:
+            write_json(json_out, doc)
+    if print_doc:
+        print_json(doc)
+        return
+    print_judgement(doc)
+    if json_out is not None:
+        out.print(f"wrote {json_out}")
 
 
 @twin_app.command("sweep", cls=Command)
@@ -208,8 +244,12 @@ def sweep(
     json_out: Path | None = typer.Option(None, "--json", help="Write the chatfleet.sweep/1 "
                                          "document here (rewritten after every point)."),
     print_doc: bool = typer.Option(False, "--print-json", help="Print the document on stdout."),
+    band: bool = typer.Option(True, "--band/--no-band", help="Also sweep with every step "
+                              "slower and faster by the calibration's error band, and give "
+                              "the knees at both edges (knee_band in the document)."),
 ) -> None:
-    """Sweep load points through the twin and find the knee."""
+    """Sweep load points through the twin and find the knee, with its range under the
+    calibration's error band."""
     with clean_errors():
         check_output_file(json_out, "--json")
         if replicas < 1 or (cap is not None and cap < 1):
@@ -259,13 +299,29 @@ def sweep(
                 bar.advance(task)
 
             doc = sweeper.run(loads, refine=refine, on_point=on_point)
+            if band:
+                prov = provenance_of(spec)
+                edges = []
+                for k in (1 + prov.band, 1 - prov.band):
+                    edge = bar.add_task(f"the same, every step x{k:g}", total=len(loads))
+
+                    def advance(_: SweepDoc, edge: TaskID = edge) -> None:
+                        bar.advance(edge)
+
+                    edges.append(replace(sweeper, spec=scaled_spec(spec, k)).run(
+                        loads, refine=refine, on_point=advance))
+                doc = with_band(doc, prov, edges[0], edges[1])
+                if json_out is not None:
+                    write_json(json_out, doc.to_json())
     if print_doc:
         print_json(doc.to_json())
         return
     out.print(sweep_table(doc, title))
-    if not is_calibrated(spec):
+    if not is_calibrated(spec) and not band:
         out.print(f"[yellow]{uncalibrated_note(spec.gpu.name)}[/]", highlight=False)
     for line in knee_lines(doc):
         out.print(line)
+    for line in band_lines(doc):
+        out.print(f"[yellow]{line}[/]", highlight=False)
     if json_out is not None:
         out.print(f"wrote {json_out}")

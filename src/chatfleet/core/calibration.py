@@ -102,6 +102,26 @@ class Calibration:
     source: str
     per_seq_s: float = 0.0  # vLLM model: cost per sequence beyond the first in a step
     frontend_s: float = 0.0  # vLLM model: API-server time per request, before the engine
+    # vLLM model: host time of a step that overlaps the GPU's (eager mode's kernel launches)
+    launch_s: float = 0.0
+    # vLLM model: latency from the API server to the engine that requests do not queue for
+    # (the IPC hop and the first token's way back), beside frontend_s's serial share
+    frontend_delay_s: float = 0.0
+    # how far the fitted step time was off the measured one (a share; None: not measured with
+    # this calibration, see STEP_TIME_BAND)
+    error_band: float | None = None
+
+    def scaled(self, k: float) -> Calibration:
+        """The same engine with every step k times as long: the fixed, per-sequence, launch
+        and eager costs times k, the efficiencies divided by k (a host tier's PCIe load-back
+        and the front end are not steps, and stay)."""
+        if not k > 0:
+            raise ChatfleetError("a step-time scale must be positive")
+        return replace(
+            self, bandwidth_eff=self.bandwidth_eff / k, decode_fixed_s=self.decode_fixed_s * k,
+            prefill_fixed_s=self.prefill_fixed_s * k,
+            gemm_eff={w: e / k for w, e in self.gemm_eff.items()}, attn_eff=self.attn_eff / k,
+            eager_s=self.eager_s * k, per_seq_s=self.per_seq_s * k, launch_s=self.launch_s * k)
 
     def constants(self, gpu: GPU, weights: str) -> StepConstants:
         tier = tier_defaults(gpu.visible_mib)
@@ -191,6 +211,37 @@ def calibration_for(gpu: GPU) -> Calibration:
                    source="L4 efficiencies on this card's datasheet figures (uncalibrated)")
 
 
+@dataclass(frozen=True, slots=True)
+class CardPhysics:
+    """What a card's kernels reach, measured on the card itself without an engine."""
+
+    bandwidth_eff: float  # achieved weight-streaming bandwidth / datasheet
+    gemm_eff: float  # achieved dense GEMM rate of the weights' dtype / datasheet
+    source: str
+
+
+# benchmarks/device/phase_power.py on an H200 (2026-12-01, docs/device/h200-phase-power.json):
+# Qwen3-8B's 252 BF16 weight GEMMs of one step as a CUDA graph in plain PyTorch. A 16-token
+# decode step streamed the weights at 3,235.9 GB/s; a 4,096-token prefill step ran at 675.3
+# TFLOPS (at the 700 W limit, the SM clock at 1,500 MHz). Datasheet: 4,800 GB/s, 989 TFLOPS.
+H200_PHASE_POWER = CardPhysics(
+    bandwidth_eff=3235.9 / 4800.0, gemm_eff=675.3 / 989.0,
+    source="docs/device/h200-phase-power.json (benchmarks/device/phase_power.py, H200, BF16 "
+           "weight GEMMs of Qwen3-8B as a CUDA graph, 2026-12-01)")
+
+
+def card_physics(gpu: str, weights: str) -> CardPhysics | None:
+    """The measured physics of a card for a weight dtype: the H200 (BF16, phase_power.py) and
+    the L4 (the SGLang fit's bandwidth and GEMM efficiency, fit_l4); None elsewhere."""
+    if gpu == "h200" and weights == "bf16":
+        return H200_PHASE_POWER
+    if gpu in CALIBRATED_GPUS:
+        cal = L4_CALIBRATION
+        return CardPhysics(cal.bandwidth_eff, cal.gemm_eff.get(weights, cal.gemm_eff["bf16"]),
+                           "the L4 fit (fit_l4: SGLang v0.5 at concurrency 1)")
+    return None
+
+
 def vllm_calibration_for(gpu: GPU) -> Calibration:
     """The vLLM model's constants for a card: the SGLang fit's shared physics and fixed costs
     plus the assumed per-sequence cost; uncalibrated on every card (see the module docstring)."""
@@ -198,6 +249,62 @@ def vllm_calibration_for(gpu: GPU) -> Calibration:
     return replace(base, per_seq_s=ASSUMED_VLLM_PER_SEQ_S, calibrated=False,
                    source=f"vLLM model: {base.source}, per-sequence cost assumed "
                           f"({ASSUMED_VLLM_PER_SEQ_S * 1e6:.0f} us); uncalibrated for vLLM")
+
+
+# How far the twin's step time may be off where nothing measured it with the calibration in use
+# (the built-in constants, or a profile fitted without a band): PLACEHOLDER until the H200 runs
+STEP_TIME_BAND = 0.25
+STEP_TIME_BAND_SOURCE = "PLACEHOLDER"
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where the twin's figures come from: what was fitted (and on which engine and card),
+    what is borrowed from elsewhere, what is assumed; and the error band they carry."""
+
+    fitted: tuple[str, ...]
+    borrowed: tuple[str, ...]
+    assumed: tuple[str, ...]
+    band: float
+    band_source: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"fitted": list(self.fitted), "borrowed": list(self.borrowed),
+                "assumed": list(self.assumed), "error_band": self.band,
+                "error_band_source": self.band_source}
+
+
+L4_FIT = ("SGLang v0.5 on an NVIDIA L4 with Qwen3-8B at one user: the BF16 and FP8 output rates "
+          "and median TTFTs (docs/facts.md#l4-calibration-points)")
+
+
+def _l4_assumptions() -> tuple[str, ...]:
+    return (f"a decode step's fixed cost of {ASSUMED_DECODE_FIXED_S * 1e3:g} ms",
+            f"a BF16 prefill's GEMMs at {ASSUMED_BF16_GEMM_EFF:.0%} of peak",
+            f"{ASSUMED_EAGER_S * 1e3:g} ms per decode step above the CUDA-graph batch limit",
+            "nothing above one user was measured on an L4")
+
+
+def provenance(engine_model: str, gpu: GPU, cal: Calibration | None) -> Provenance:
+    """The provenance of the constants the twin runs with: `cal` a profile given by the user
+    (None: the built-in ones for this engine model and card)."""
+    if cal is not None:
+        elsewhere = (() if cal.gpu == gpu.name else
+                     (f"a profile fitted on the {cal.gpu}, applied to the {gpu.name}",))
+        band, source = ((cal.error_band, "the profile's fit") if cal.error_band is not None
+                        else (STEP_TIME_BAND, STEP_TIME_BAND_SOURCE))
+        return Provenance((cal.source,), elsewhere, (), band, source)
+    on_l4 = gpu.name in CALIBRATED_GPUS
+    fitted: tuple[str, ...] = (L4_FIT,) if on_l4 else ()
+    borrowed: tuple[str, ...] = () if on_l4 else (
+        f"the L4 fit's efficiencies and fixed costs ({L4_FIT}), on the {gpu.name}'s "
+        "datasheet figures",)
+    assumed = _l4_assumptions()
+    if engine_model == "vllm":
+        borrowed += ("the step's fixed costs of the SGLang fit, taken as the same in vLLM",)
+        assumed += (f"vLLM's cost per sequence in a step, {ASSUMED_VLLM_PER_SEQ_S * 1e6:g} us",
+                    "vLLM's memory overheads (core/memory.py: its pool rule)")
+    return Provenance(fitted, borrowed, assumed, STEP_TIME_BAND, STEP_TIME_BAND_SOURCE)
 
 
 def step_constants(gpu: GPU, model: Model, prec: Precision,
@@ -458,7 +565,8 @@ def calibration_to_json(cal: Calibration) -> dict[str, object]:
             "decode_fixed_s": cal.decode_fixed_s, "prefill_fixed_s": cal.prefill_fixed_s,
             "gemm_eff": dict(cal.gemm_eff), "attn_eff": cal.attn_eff, "eager_s": cal.eager_s,
             "calibrated": cal.calibrated, "source": cal.source, "per_seq_s": cal.per_seq_s,
-            "frontend_s": cal.frontend_s}
+            "frontend_s": cal.frontend_s, "launch_s": cal.launch_s,
+            "frontend_delay_s": cal.frontend_delay_s, "error_band": cal.error_band}
 
 
 def calibration_from_json(d: dict[str, object]) -> Calibration:
@@ -475,10 +583,16 @@ def calibration_from_json(d: dict[str, object]) -> Calibration:
             eager_s=float(d["eager_s"]),  # type: ignore[arg-type]
             calibrated=bool(d.get("calibrated", True)), source=str(d.get("source", "")),
             per_seq_s=float(d.get("per_seq_s", 0.0)),  # type: ignore[arg-type]
-            frontend_s=float(d.get("frontend_s", 0.0)))  # type: ignore[arg-type]
+            frontend_s=float(d.get("frontend_s", 0.0)),  # type: ignore[arg-type]
+            launch_s=float(d.get("launch_s", 0.0)),  # type: ignore[arg-type]
+            frontend_delay_s=float(d.get("frontend_delay_s", 0.0)),  # type: ignore[arg-type]
+            error_band=None if d.get("error_band") is None
+            else float(d["error_band"]))  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
         raise ChatfleetError(f"not a calibration profile: {exc}") from exc
     if (not 0 < cal.bandwidth_eff <= 1.5 or cal.prefill_fixed_s < 0 or cal.decode_fixed_s < 0
-            or cal.per_seq_s < 0 or cal.frontend_s < 0):
+            or cal.per_seq_s < 0 or cal.frontend_s < 0 or cal.launch_s < 0
+            or cal.frontend_delay_s < 0
+            or (cal.error_band is not None and not 0 <= cal.error_band < 1)):
         raise ChatfleetError("calibration profile has out-of-range constants")
     return cal

@@ -5,9 +5,11 @@ Times are seconds on one clock (virtual time in the twin, model time in live run
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from chatfleet.core.errors import ChatfleetError
 
 Outcome = Literal["ok", "shed", "error", "timeout", "cancelled"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "shed", "error", "timeout", "cancelled")
@@ -69,3 +71,37 @@ class RequestRecord:
         if len(self.token_times) == 0:
             return self.first_token_time
         return float(self.token_times[-1])
+
+
+def record_to_json(r: RequestRecord) -> dict[str, Any]:
+    """A record as a run's records.jsonl holds it (one line a request)."""
+    return {
+        "request_id": r.request_id, "session_id": r.session_id, "turn": r.turn,
+        "replica": r.replica, "scheduled_time": r.scheduled_time,
+        "send_time": r.send_time, "first_token_time": r.first_token_time,
+        "token_times": list(r.token_times), "prompt_tokens": r.prompt_tokens,
+        "cached_tokens": r.cached_tokens, "output_tokens": r.output_tokens,
+        "outcome": r.outcome, "error": r.error, "response_id": r.response_id,
+        "itl_estimated": r.itl_estimated,
+    }
+
+
+def record_from_json(d: Mapping[str, Any]) -> RequestRecord:
+    """The record `record_to_json` wrote (ChatfleetError, with what is wrong, otherwise)."""
+    try:
+        outcome = d.get("outcome", "ok")
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}")
+        first = d.get("first_token_time")
+        times = d.get("token_times") or []
+        if not isinstance(times, list):
+            raise TypeError("token_times must be a list")
+        return RequestRecord(
+            str(d["request_id"]), str(d.get("session_id", "")), int(d.get("turn", 0)),
+            d.get("replica"), float(d.get("scheduled_time", 0.0)),
+            float(d.get("send_time", 0.0)), None if first is None else float(first),
+            [float(t) for t in times], int(d.get("prompt_tokens", 0)),
+            int(d.get("cached_tokens") or 0), int(d.get("output_tokens", 0)), outcome,
+            d.get("error"), bool(d.get("itl_estimated", False)), d.get("response_id"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ChatfleetError(f"not a request record: {exc}") from None

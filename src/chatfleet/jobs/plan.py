@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet import __version__
+from chatfleet.core.calibration import Calibration
 from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
 from chatfleet.core.documents.fields import DocumentError
 from chatfleet.core.documents.plan import (
@@ -31,6 +32,7 @@ from chatfleet.core.documents.plan import (
     PrecisionEntry,
     Recommendation,
     SweepRef,
+    Uncertainty,
 )
 from chatfleet.core.documents.sweep import (
     SCHEMA,
@@ -41,7 +43,12 @@ from chatfleet.core.documents.sweep import (
     SweepDoc,
     SweepPoint,
 )
-from chatfleet.core.engine.build import EngineSpec, thermal_profile_of
+from chatfleet.core.engine.build import (
+    EngineSpec,
+    provenance_of,
+    scaled_spec,
+    thermal_profile_of,
+)
 from chatfleet.core.engine.thermal import cooling_need
 from chatfleet.core.memory import PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
 from chatfleet.core.plan import (
@@ -101,6 +108,7 @@ class PlanRequest:
     model_path: str | None = None
     cap_margin: int = 0  # lower the gateway cap this many grid steps below the knee
     engine_model: str = "sglang"  # the twin's engine model: sglang or vllm
+    calibration: Calibration | None = None  # a fitted profile's constants (None: built in)
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -145,7 +153,7 @@ def engine_spec(req: PlanRequest, weights: str, kv: str, **changes: Any) -> Engi
     spec = EngineSpec(req.gpu, req.model, precision(weights, kv),
                       mem_fraction=req.mem_fraction,
                       eviction_policy=req.eviction if req.engine_model == "sglang" else "lru",
-                      engine_model=req.engine_model)
+                      engine_model=req.engine_model, calibration=req.calibration)
     return replace(spec, **changes)
 
 
@@ -171,13 +179,22 @@ def pool_json(req: PlanRequest, pool: PoolPlan | VLLMPoolPlan) -> PoolFigures:
     return PoolFigures(out)
 
 
-def sweep_task(req: PlanRequest, weights: str, kv: str) -> SweepTask:
-    """A flushed closed-loop grid and a fixed-rate grid through the twin, both knees refined."""
+def sweep_task(req: PlanRequest, weights: str, kv: str, scale: float = 1.0) -> SweepTask:
+    """A flushed closed-loop grid and a fixed-rate grid through the twin, both knees refined;
+    with every step `scale` times as long for the edges of the error band."""
     loads: list[Load] = [ClosedLoad(c) for c in req.grid]
     loads += [OpenLoad(r, "poisson", 1.0) for r in req.rates]
-    sweeper = TwinSweep(engine_spec(req, weights, kv), req.profile.workload(), req.slo,
+    spec = engine_spec(req, weights, kv)
+    if scale != 1.0:
+        spec = scaled_spec(spec, scale)
+    sweeper = TwinSweep(spec, req.profile.workload(), req.slo,
                         duration_s=req.duration_s, warmup_s=req.warmup_s, seed=req.seed)
     return SweepTask(sweeper, tuple(loads))
+
+
+# each twin sweep three times: as the constants are, and with every step (1 + band) and
+# (1 - band) times as long (the edges of the calibration's error band)
+BAND_EDGES = ("slower", "faster")
 
 
 DOUBLING_LEVELS = (("target", 1), ("doubled", 2))  # traffic, users x
@@ -347,7 +364,8 @@ def _launch(cmd: LaunchCommand) -> Launch:
 def make_plan(req: PlanRequest, progress: Progress | None = None) -> Plan:
     """The whole answer as one document (keys in docs/plan.md). One worker pool serves the
     whole plan, started before any simulation (its workers import once, while the sweeps are
-    set up): the precisions' twin sweeps at once, then the doubled-traffic hour's fleet runs."""
+    set up): the precisions' twin sweeps (each also at the edges of the error band) at once,
+    then the doubled-traffic hour's fleet runs."""
     if req.users < 1:
         raise PlanError("--users must be at least 1")
     accuracy = load_accuracy(req.accuracy) if req.accuracy is not None else None
@@ -357,10 +375,11 @@ def make_plan(req: PlanRequest, progress: Progress | None = None) -> Plan:
     to_sweep: dict[str, tuple[str, str]] = {}  # the twin sweeps when no file is given
     for w, kv in () if docs else req.precisions:
         to_sweep.setdefault(precision_name(w, kv), (w, kv))
-    workers = default_workers(max(len(to_sweep), DOUBLING_RUNS))
+    workers = default_workers(max(len(to_sweep) * (1 + len(BAND_EDGES)), DOUBLING_RUNS))
     with WorkerPool(workers, preload=[SweepTask.__module__]) as pool:
-        docs.update(run_sweeps(req, to_sweep, pool, progress))
-        return answer(req, pairs, docs, accuracy, pool, progress)
+        swept, edges = run_sweeps(req, to_sweep, pool, progress)
+        docs.update(swept)
+        return answer(req, pairs, docs, accuracy, pool, progress, edges)
 
 
 def read_sweeps(req: PlanRequest) -> dict[str, tuple[str, SweepDoc]]:
@@ -379,10 +398,14 @@ def read_sweeps(req: PlanRequest) -> dict[str, tuple[str, SweepDoc]]:
 
 
 def run_sweeps(req: PlanRequest, pairs: dict[str, tuple[str, str]], pool: WorkerPool,
-               progress: Progress | None) -> dict[str, tuple[str, SweepDoc]]:
-    """The twin sweep of each precision, all at once in the pool; the bar moves a step per
-    point of any of them and ends at its total."""
-    steps = len(pairs) * (len(req.grid) + len(req.rates) + 8)
+               progress: Progress | None
+               ) -> tuple[dict[str, tuple[str, SweepDoc]], dict[str, tuple[SweepDoc, SweepDoc]]]:
+    """The twin sweep of each precision, and the same at the edges of the error band (every
+    step 1 + band and 1 - band times as long), all at once in the pool; the bar moves a step
+    per point of any of them and ends at its total."""
+    band = provenance_of(engine_spec(req, "bf16", "bf16")).band
+    scales = (1.0, 1.0 + band, 1.0 - band)
+    steps = len(pairs) * len(scales) * (len(req.grid) + len(req.rates) + 8)
     done = 0
 
     def tick() -> None:
@@ -391,17 +414,38 @@ def run_sweeps(req: PlanRequest, pairs: dict[str, tuple[str, str]], pool: Worker
         if progress is not None:
             progress("twin sweeps", min(done, steps), steps)
 
-    swept = pool.run([sweep_task(req, w, kv) for w, kv in pairs.values()], tick)
+    tasks = [sweep_task(req, w, kv, k) for w, kv in pairs.values() for k in scales]
+    swept = iter(pool.run(tasks, tick))
     if progress is not None and steps:
         progress("twin sweeps", steps, steps)
-    return {name: ("twin", doc) for name, doc in zip(pairs, swept, strict=True)}
+    docs: dict[str, tuple[str, SweepDoc]] = {}
+    edges: dict[str, tuple[SweepDoc, SweepDoc]] = {}
+    for name in pairs:
+        docs[name] = ("twin", next(swept))
+        edges[name] = (next(swept), next(swept))
+    return docs, edges
+
+
+def uncertainty(req: PlanRequest, edges: tuple[SweepDoc, SweepDoc]) -> Uncertainty:
+    """The figures at the edges of the error band: knees, users per card, cards."""
+    prov = provenance_of(engine_spec(req, "bf16", "bf16"))
+    figs = [figures_from_sweep(doc, "twin", req.cap_margin) for doc in edges]
+    users = tuple(f.users_per_card for f in figs)
+    cards = tuple(None if u is None else fleet_size(req.users, u, req.headroom)["cards"]
+                  for u in users)
+    return Uncertainty(error_band=prov.band, source=prov.band_source,
+                       knee_slower=figs[0].knee, knee_faster=figs[1].knee,
+                       knee_rate_slower=figs[0].knee_rate, knee_rate_faster=figs[1].knee_rate,
+                       users_per_card=(users[0], users[1]), cards=(cards[0], cards[1]))
 
 
 def answer(req: PlanRequest, pairs: list[tuple[str, str]],
            docs: dict[str, tuple[str, SweepDoc]], accuracy: dict[str, Any] | None,
-           pool: WorkerPool, progress: Progress | None) -> Plan:
-    """The plan from each precision's sweep: the figures, the choice, the fleet, and the
-    doubled-traffic hour through `pool`."""
+           pool: WorkerPool, progress: Progress | None,
+           edges: dict[str, tuple[SweepDoc, SweepDoc]] | None = None) -> Plan:
+    """The plan from each precision's sweep: the figures, the choice, the fleet, the range
+    under the error band (twin sweeps: `edges`), and the doubled-traffic hour through
+    `pool`."""
     pools = {precision_name(w, kv): pool_of(req, w, kv) for w, kv in pairs}
     figures = [figures_from_sweep(doc, src, req.cap_margin) for src, doc in docs.values()]
     verdicts = accuracy_verdicts(accuracy, [f.name for f in figures])
@@ -410,7 +454,9 @@ def answer(req: PlanRequest, pairs: list[tuple[str, str]],
     by_precision: dict[str, PrecisionEntry] = {}
     for f in figures:
         entry = PrecisionEntry(figures=f, pool=pool_json(req, pools[f.name]),
-                               accuracy=verdicts[f.name])
+                               accuracy=verdicts[f.name],
+                               uncertainty=(uncertainty(req, edges[f.name])
+                                            if edges and f.name in edges else None))
         if f.users_per_card:
             size = fleet_size(req.users, f.users_per_card, req.headroom)
             tier = host_tier_of(req, f, pools[f.name])
@@ -424,6 +470,8 @@ def answer(req: PlanRequest, pairs: list[tuple[str, str]],
                 engine_model=req.engine_model, target_users=req.users, slo=req.slo,
                 session_profile={**req.profile.workload().to_json()}, recommendation=None,
                 why_none=why, by_precision=by_precision,
+                calibration=(provenance_of(engine_spec(req, "bf16", "bf16")).to_json()
+                             if edges else None),
                 sweeps={name: SweepRef(src, doc if src == "twin" else None)
                         for name, (src, doc) in docs.items()})
     if best is None:

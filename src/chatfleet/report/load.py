@@ -37,6 +37,7 @@ from chatfleet.core.documents.sweep import (
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.knee import sweep_document
 from chatfleet.core.slo import SLO
+from chatfleet.io import run_file
 
 SWEEP_FILE = "sweep.json"
 RUNS_FILE = "runs.jsonl"
@@ -273,24 +274,10 @@ def load_sweep(path: str | Path) -> Sweep:
     return sweep
 
 
-def _run_file(sweep: Sweep, point: SweepPoint, kind: str) -> Path | None:
-    files = None if point.live is None else point.live.files
-    named = None if files is None else files.get(kind)
-    if named is not None:
-        p = Path(named)
-        return p if p.is_absolute() else sweep.base / p
-    idx = point.run_index
-    if idx is not None:
-        guess = sweep.base / "runs" / f"{idx:03d}" / f"{kind}.jsonl"
-        if guess.is_file():
-            return guess
-    return None
-
-
 def _load_run_files(sweep: Sweep) -> None:
     for i, point in enumerate(sweep.points):
         for kind, store in (("telemetry", sweep.telemetry), ("engine", sweep.engine)):
-            path = _run_file(sweep, point, kind)
+            path = run_file(sweep.base, point, kind)
             if path is None:
                 continue
             if not path.is_file():

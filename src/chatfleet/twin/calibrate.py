@@ -55,6 +55,7 @@ from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.data.sharegpt import cached_sharegpt_length_pairs
+from chatfleet.twin.compare import compare_point
 from chatfleet.twin.run import run_point
 
 # the per-sequence bisection: at most this many replays, stopping within this share of the
@@ -261,19 +262,8 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
     elif len(fitted) > 1:
         cal, note = fit_per_seq(cal, fitted[1], replay)
         notes += [note] if note else []
-    errors = []
-    for p in points:
-        tw = replay(cal, p)
-        row: dict[str, Any] = {"load": p.load.to_json(),
-                               "fitted_on": any(p is f for f in fitted)}
-        for key, live, twin in (
-            ("ttft_p50", p.ttft_ms.p50, tw.ttft_ms.p50),
-            ("tpot_p50", p.tpot_ms.p50, tw.tpot_ms.p50),
-            ("output_tok_s", p.output_tok_s, tw.output_tok_s),
-        ):
-            row[key] = {"live": live, "twin": twin,
-                        "rel_error": (twin - live) / live if live else None}
-        errors.append(row)
+    errors = [compare_point(p, replay(cal, p), fitted_on=any(p is f for f in fitted))
+              for p in points]
     assumptions: dict[str, Any] = {"gemm_eff": gemm_eff}
     if em == "vllm" and frontend_s != "auto":
         assumptions["frontend_s"] = fixed_frontend
@@ -283,7 +273,7 @@ def calibrate(sweep_path: Path, *, gpu: str | None = None, model: str | None = N
         assumptions["bandwidth_eff"] = held_bw
     return {
         "schema": PROFILE_SCHEMA, "gpu": card.name, "model": mdl.name, "weights": w,
-        "kv_cache": kv, "engine": target.engine, "engine_model": em,
+        "kv_cache": kv, "engine": target.engine, "engine_model": em, "method": "points",
         "fit_points": loads,
         "engine_settings": settings, "calibration": calibration_to_json(cal),
         "assumptions": assumptions, "fit_notes": notes,

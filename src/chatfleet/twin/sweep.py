@@ -7,9 +7,10 @@ to 10% of the rate): `core.sweep`'s runner and `core.refine`'s policy, the live 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from chatfleet.core.calibration import Provenance
 from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
 from chatfleet.core.documents.sweep import Load, SweepDoc, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
@@ -88,3 +89,14 @@ class TwinSweep:
                 on_point(self.document(sweep.points))
 
         return self.document(sweep.run(runner, done))
+
+
+def with_band(doc: SweepDoc, prov: Provenance, slower: SweepDoc, faster: SweepDoc) -> SweepDoc:
+    """`doc` with the knees of the same sweep with every step (1 + band) and (1 - band) times
+    as long (`knee_band`) and where the constants come from (`calibration`): keys added to
+    chatfleet.sweep/1."""
+    band = {"error_band": prov.band, "source": prov.band_source,
+            "knee": {"slower": slower.knee.to_json(), "faster": faster.knee.to_json()},
+            "knee_rate": {"slower": slower.knee_rate.to_json(),
+                          "faster": faster.knee_rate.to_json()}}
+    return replace(doc, extra={**doc.extra, "knee_band": band, "calibration": prov.to_json()})

@@ -6,7 +6,8 @@ Plan              the pool's figures (first, flat), schema, chatfleet_version, e
                   host_tier, doubling, launch, gateway_config, by_precision, sweeps
   Recommendation  the precision, users per card, caps, fleet size, why, its source point
   PrecisionEntry  one precision's figures (PrecisionFigures), pool, accuracy verdict, fleet,
-                  host tier, launch commands
+                  host tier, launch commands, the figures' range under the twin's error
+                  band (Uncertainty)
   HostTier        HiCache on or off for the working set, and why
   Doubling        an hour at the target users and at twice as many (DoublingRun, Cooling)
   Launch          an engine's launch command
@@ -52,7 +53,7 @@ from chatfleet.core.slo import SLO
 __all__ = [  # the plan's types, wherever they live
     "PLAN_SCHEMA", "AccuracyVerdict", "Cooling", "CoolingProfile", "Doubling", "DoublingRun",
     "FigureSource", "HostTier", "Launch", "Plan", "PoolFigures", "PrecisionEntry",
-    "PrecisionFigures", "Recommendation", "SweepRef",
+    "PrecisionFigures", "Recommendation", "SweepRef", "Uncertainty",
 ]
 
 PLAN_SCHEMA = "chatfleet.plan/1"
@@ -280,6 +281,54 @@ class Recommendation:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Uncertainty:
+    """A twin plan's figures under its error band: the same sweep with every step
+    (1 + error_band) times as long ("slower") and (1 - error_band) times ("faster"). The knee
+    lies between the two with the band's confidence; users per card and cards for the target
+    users follow from each (low users and more cards from the slower)."""
+
+    error_band: float
+    source: str
+    knee_slower: Knee
+    knee_faster: Knee
+    knee_rate_slower: Knee
+    knee_rate_faster: Knee
+    users_per_card: tuple[int | None, int | None]  # (slower, faster)
+    cards: tuple[int | None, int | None]  # (slower, faster)
+    extra: Extra = field(default_factory=no_extra)
+
+    _KEYS: ClassVar[tuple[str, ...]] = ("error_band", "source", "knee", "knee_rate",
+                                        "users_per_card", "cards")
+
+    def to_json(self) -> JsonObject:
+        return with_extra({
+            "error_band": self.error_band, "source": self.source,
+            "knee": {"slower": self.knee_slower.to_json(),
+                     "faster": self.knee_faster.to_json()},
+            "knee_rate": {"slower": self.knee_rate_slower.to_json(),
+                          "faster": self.knee_rate_faster.to_json()},
+            "users_per_card": {"slower": self.users_per_card[0],
+                               "faster": self.users_per_card[1]},
+            "cards": {"slower": self.cards[0], "faster": self.cards[1]}}, self.extra)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> Uncertainty:
+        d = obj(data, where)
+        knee, rate = obj(d.get("knee") or {}, where), obj(d.get("knee_rate") or {}, where)
+        users, cards = (obj(d.get("users_per_card") or {}, where),
+                        obj(d.get("cards") or {}, where))
+        return cls(error_band=num(d, "error_band", where), source=text(d, "source", where),
+                   knee_slower=Knee.from_json(knee.get("slower") or {}, f"{where}: knee"),
+                   knee_faster=Knee.from_json(knee.get("faster") or {}, f"{where}: knee"),
+                   knee_rate_slower=Knee.from_json(rate.get("slower") or {}, where),
+                   knee_rate_faster=Knee.from_json(rate.get("faster") or {}, where),
+                   users_per_card=(opt_int(users, "slower", where),
+                                   opt_int(users, "faster", where)),
+                   cards=(opt_int(cards, "slower", where), opt_int(cards, "faster", where)),
+                   extra=rest(d, cls._KEYS))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PrecisionEntry:
     """One precision of `by_precision`: its figures, its pool, the accuracy verdict, and for a
     precision with a knee the fleet size, the host tier and the launch commands."""
@@ -291,10 +340,11 @@ class PrecisionEntry:
     cards: int | None = None
     host_tier: HostTier | None = None
     launch: Mapping[str, Launch] | None = None
+    uncertainty: Uncertainty | None = None
     extra: Extra = field(default_factory=no_extra)
 
     _KEYS: ClassVar[tuple[str, ...]] = (*PrecisionFigures.KEYS, "pool", "accuracy", "replicas",
-                                        "cards", "host_tier", "launch")
+                                        "cards", "host_tier", "launch", "uncertainty")
 
     def to_json(self) -> JsonObject:
         out = {**self.figures.to_json(), "pool": self.pool.to_json(),
@@ -305,12 +355,14 @@ class PrecisionEntry:
             out["host_tier"] = self.host_tier.to_json()
         if self.launch is not None:
             out["launch"] = {k: v.to_json() for k, v in self.launch.items()}
+        if self.uncertainty is not None:
+            out["uncertainty"] = self.uncertainty.to_json()
         return with_extra(out, self.extra)
 
     @classmethod
     def from_json(cls, name: str, data: Any, where: str) -> PrecisionEntry:
         d = obj(data, where)
-        tier, launch = d.get("host_tier"), d.get("launch")
+        tier, launch, band = d.get("host_tier"), d.get("launch"), d.get("uncertainty")
         return cls(figures=PrecisionFigures.from_json(name, d, where),
                    pool=PoolFigures(dict(obj(d.get("pool") or {}, f"{where}: pool"))),
                    accuracy=AccuracyVerdict(dict(obj(d.get("accuracy") or {},
@@ -319,6 +371,8 @@ class PrecisionEntry:
                    host_tier=None if tier is None else HostTier.from_json(tier,
                                                                           f"{where}: host_tier"),
                    launch=None if launch is None else _launches(launch, f"{where}: launch"),
+                   uncertainty=None if band is None
+                   else Uncertainty.from_json(band, f"{where}: uncertainty"),
                    extra=rest(d, cls._KEYS))
 
 
@@ -364,14 +418,16 @@ class Plan:
     doubling: Doubling | None = None
     launch: Mapping[str, Launch] | None = None
     gateway_config: Mapping[str, Any] | None = None  # the gateway's config file, as written
+    # where the twin's constants come from (calibration.Provenance): fitted, borrowed, assumed
+    calibration: Mapping[str, Any] | None = None
     schema: str = PLAN_SCHEMA
     slo_extra: Extra = field(default_factory=no_extra)
     extra: Extra = field(default_factory=no_extra)
 
     _KEYS: ClassVar[tuple[str, ...]] = (
         "schema", "chatfleet_version", "engine_model", "target_users", "slo",
-        "session_profile", "recommendation", "why_none", "host_tier", "doubling", "launch",
-        "gateway_config", "by_precision", "sweeps")
+        "session_profile", "recommendation", "why_none", "calibration", "host_tier",
+        "doubling", "launch", "gateway_config", "by_precision", "sweeps")
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {
@@ -386,6 +442,8 @@ class Plan:
                                else self.recommendation.to_json()),
         }
         put(out, "why_none", self.why_none)
+        if self.calibration is not None:
+            out["calibration"] = dict(self.calibration)
         if self.host_tier is not None:
             out["host_tier"] = self.host_tier.to_json()
         if self.doubling is not None:
@@ -413,7 +471,7 @@ class Plan:
         except (TypeError, ValueError) as exc:
             raise DocumentError(f"{where}: bad 'slo' block: {exc}") from exc
         rec, tier, doubling = d.get("recommendation"), d.get("host_tier"), d.get("doubling")
-        launch, gateway = d.get("launch"), d.get("gateway_config")
+        launch, gateway, cal = d.get("launch"), d.get("gateway_config"), d.get("calibration")
         return cls(
             pool=PoolFigures(pool),
             chatfleet_version=text(d, "chatfleet_version", where),
@@ -436,6 +494,7 @@ class Plan:
             launch=None if launch is None else _launches(launch, f"{where}: launch"),
             gateway_config=None if gateway is None
             else dict(obj(gateway, f"{where}: gateway_config")),
+            calibration=None if cal is None else dict(obj(cal, f"{where}: calibration")),
             slo_extra=rest(slo_data, ("ttft_ms", "tpot_ms", "itl_stat", "attainment")),
             extra=rest(d, (*pool, *cls._KEYS)),
         )

@@ -4,11 +4,14 @@ prefill-first scheduler or vLLM 0.26's token-budget scheduler (protocol.EngineMo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chatfleet.core.calibration import (
     Calibration,
+    Provenance,
     ThermalProfile,
+    calibration_for,
+    provenance,
     step_constants,
     thermal_profile,
     vllm_calibration_for,
@@ -146,6 +149,18 @@ def calibration_of(spec: EngineSpec) -> Calibration | None:
     return vllm_calibration_for(spec.gpu)
 
 
+def scaled_spec(spec: EngineSpec, k: float) -> EngineSpec:
+    """The same engine with every step k times as long (Calibration.scaled): the twin's
+    figures at the edges of its error band."""
+    cal = calibration_of(spec) or calibration_for(spec.gpu)
+    return replace(spec, calibration=cal.scaled(k))
+
+
+def provenance_of(spec: EngineSpec) -> Provenance:
+    """What the spec's constants were fitted on, borrow and assume, and their error band."""
+    return provenance(spec.engine_model, spec.gpu, spec.calibration)
+
+
 def step_time_model(spec: EngineSpec) -> StepTimeModel:
     """The deployment's step-time model (the gateway prices a spill with it)."""
     constants = step_constants(spec.gpu, spec.model, spec.precision, calibration_of(spec))
@@ -155,7 +170,7 @@ def step_time_model(spec: EngineSpec) -> StepTimeModel:
         assert cal is not None
         return MixedStepModel(spec.model, spec.gpu, spec.precision, constants, cal.per_seq_s,
                               plan.max_num_batched_tokens,
-                              min(2 * plan.max_num_seqs, 512))
+                              min(2 * plan.max_num_seqs, 512), launch_s=cal.launch_s)
     return StepTimeModel(spec.model, spec.gpu, spec.precision, constants)
 
 
@@ -202,6 +217,7 @@ def build_vllm_scheduler(spec: EngineSpec) -> VLLMScheduler:
         long_prefill_token_threshold=spec.long_prefill_token_threshold,
         max_model_len=min(spec.model.max_position_embeddings, usable),
         frontend_s=cal.frontend_s,
+        frontend_delay_s=cal.frontend_delay_s,
     )
     thermal = ThermalState(thermal_profile_of(spec)) if spec.thermal else None
     return VLLMScheduler(cfg, step_model, thermal)

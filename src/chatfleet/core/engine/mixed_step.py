@@ -3,13 +3,25 @@
 vLLM builds one batch per step from every scheduled token (decodes and prefill chunks alike,
 under `max_num_batched_tokens`), so the weights are streamed once for all of them:
 
-    decode_fixed_s                                  every step (launch, sampling, bookkeeping)
+    decode_fixed_s                                  every step (scheduling, sampling,
+                                                    bookkeeping: host work the GPU waits for)
     + (prefill_fixed_s - decode_fixed_s)            when the step carries prefill tokens
     + per_seq_s x (sequences in the step - 1)       per-request work beyond the first
-    + max(streamed weights + decode KV read, over effective bandwidth;
-          GEMM FLOPs of all D + P tokens and the lm_head of the sampled ones, over eff. FLOPS)
-    + attention of the prefill chunks (causal pairs, BF16 FLOPS) + their cached prefix's KV read
+    + max(launch_s,                                 host time that overlaps the GPU's work
+          GPU time)
     + eager_s when the decode batch exceeds the CUDA-graph capture size
+
+    GPU time = max(streamed weights + decode KV read, over effective bandwidth;
+                   GEMM FLOPs of all D + P tokens and the lm_head of the sampled ones, over
+                   effective FLOPS)
+               + attention of the prefill chunks (causal pairs, BF16 FLOPS) + their cached
+                 prefix's KV read
+
+`launch_s` is what eager mode costs: PyTorch launches a step's kernels one by one from Python,
+and the GPU runs each as soon as it is launched, so the step lasts as long as the slower of the
+two, not their sum. With CUDA graphs (one launch a step) it is about 0 and the step is the fixed
+costs plus the GPU's time, as in the SGLang model (0 unless a calibration fits it:
+twin/calibrate.py).
 
 With no prefill this is StepTimeModel.decode_s plus the per-sequence term; with no decodes it
 is StepTimeModel.prefill_s plus the same term. The constants are StepConstants (calibration.py)
@@ -26,10 +38,14 @@ from chatfleet.core.specs import GPU, Model, Precision
 
 class MixedStepModel(StepTimeModel):
     def __init__(self, model: Model, gpu: GPU, prec: Precision, c: StepConstants,
-                 per_seq_s: float, max_num_batched_tokens: int, cuda_graph_max_bs: int) -> None:
+                 per_seq_s: float, max_num_batched_tokens: int, cuda_graph_max_bs: int,
+                 launch_s: float = 0.0) -> None:
         super().__init__(model, gpu, prec, c)
         if per_seq_s < 0:
             raise ChatfleetError("the per-sequence cost must not be negative")
+        if launch_s < 0:
+            raise ChatfleetError("the launch time must not be negative")
+        self.launch_s = launch_s
         if max_num_batched_tokens <= 0:
             raise ChatfleetError("max_num_batched_tokens must be positive")
         self.per_seq_s = per_seq_s
@@ -59,10 +75,11 @@ class MixedStepModel(StepTimeModel):
         compute = ((num_decode + prefill_tokens) * self.linear_flop_s_per_token
                    + (num_decode + num_prefill_logits) * self.lm_head_flop_s_per_token
                    ) * sm_factor
-        t += memory if memory > compute else compute
+        gpu = memory if memory > compute else compute
         if prefill_tokens:
-            t += (prefill_pairs * self.attn_flops_per_pair / self.attn_flops_per_s * sm_factor
-                  + prefill_cached_read * self.kv_read_s_per_token * mem_factor)
+            gpu += (prefill_pairs * self.attn_flops_per_pair / self.attn_flops_per_s * sm_factor
+                    + prefill_cached_read * self.kv_read_s_per_token * mem_factor)
+        t += gpu if gpu > self.launch_s else self.launch_s
         if num_decode > self.cuda_graph_max_bs:
             t += c.eager_s
         return t

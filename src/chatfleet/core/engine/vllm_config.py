@@ -25,6 +25,9 @@ class VLLMConfig:
     # the API server's work per request before the engine core sees it (chat template,
     # tokenization, hand-off), one request after another: calibration.py's frontend_s
     frontend_s: float = 0.0
+    # the latency on top that requests do not queue for (the hop to the engine core and the
+    # first token's way back): calibration.py's frontend_delay_s
+    frontend_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 2:
@@ -39,7 +42,7 @@ class VLLMConfig:
             raise ChatfleetError("long_prefill_token_threshold must not be negative")
         if self.max_model_len < 1:
             raise ChatfleetError("max_model_len must be positive")
-        if self.frontend_s < 0:
+        if self.frontend_s < 0 or self.frontend_delay_s < 0:
             raise ChatfleetError("the front-end time must not be negative")
 
     @property

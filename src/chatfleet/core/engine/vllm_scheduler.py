@@ -181,9 +181,9 @@ class VLLMScheduler:
         req.output_ids = as_tokens(req.output_ids)
         req.fill = req.prompt
         buf = (as_tokens(req.prompt) + as_tokens(req.output_ids)).tobytes()
-        ready = max(now, self._frontend_free) + self.cfg.frontend_s
-        self._frontend_free = ready
-        self.waiting.append(VLLMRequest(req, buf, ready=ready))
+        served = max(now, self._frontend_free) + self.cfg.frontend_s
+        self._frontend_free = served
+        self.waiting.append(VLLMRequest(req, buf, ready=served + self.cfg.frontend_delay_s))
 
     def abort(self, rid: str) -> EngineRequest | None:
         """Drop a request wherever it is and free its blocks at once (finish_requests)."""
@@ -432,7 +432,17 @@ class VLLMScheduler:
         return Step(kind, now, ends[-1] - now,
                     batch=[(seq.req, n) for seq, _, n, _ in chunks], num_decode=num_decode,
                     num_prefill_tokens=p_tokens, num_cached_tokens=new_cached,
-                    num_waiting=len(self.waiting), decode_ends=ends)
+                    num_waiting=self._num_waiting_at(now), decode_ends=ends)
+
+    def _num_waiting_at(self, now: float) -> int:
+        """The waiting requests the engine core holds at `now` (vllm:num_requests_waiting):
+        those still in the API server (ready later, at the queue's end) are not counted."""
+        n = len(self.waiting)
+        for seq in reversed(self.waiting):
+            if seq.ready <= now:
+                break
+            n -= 1
+        return n
 
     def _decode_steps_that_fit(self, s: int, last: int) -> int:
         """How many decode steps after step `s`, up to step `last`, the free blocks give (a

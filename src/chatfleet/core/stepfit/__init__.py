@@ -1,0 +1,1 @@
+"""Fitting the engine model's step time to the steps a live sweep observed."""
