@@ -135,7 +135,9 @@ class Exchange:
         """Look at the client's side now: what of the answer it has not taken yet (in the
         gateway's buffer, or sent and not acknowledged by its TCP)."""
         client = self.client
-        if client is not None and not client.is_closing():
+        if client is None or client.is_closing():  # not started, or gone: nothing to take
+            self.reading.waiting_since = None
+        else:
             self.reading.observe(self.written, client.get_write_buffer_size()
                                  + unacked_bytes(client), now)
         return self.reading
