@@ -72,6 +72,13 @@ Before the load, each target is checked once: a full stream must relay 64 chunks
 and 4 streams dropped by the client after 3 chunks must show up as aborted at the engine
 within 2 s (disconnect propagation).
 
+A run that does not stand fails loudly (exit status 1, each reason on stderr, the JSON written
+with them under "shortfalls"): a target that did not start or died, or any target but
+LiteLLM's proxy (MAY_SATURATE: its saturation here is a finding) that delivered less than 90%
+of what the engine's cadence offered, or met errors, in any repetition. `chatfleet gateway`
+runs with a cap no run reaches (--chatfleet-cap, 2,000) and refuses to start when its
+connection limit, from the descriptor limit, is below the largest stream count.
+
 --profile DIR reruns each Python relay for one window at the largest stream count under
 cProfile with a CPU-time clock (slower: not for the reported figures) and reports the shares
 of its CPU time by package and its top functions; --reps 0 --profile DIR profiles only.
