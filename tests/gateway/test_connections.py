@@ -120,6 +120,7 @@ def assert_refused(got: bytes) -> None:
     assert got.startswith(b"HTTP/1.1 503"), got
     head, body = got.split(b"\r\n\r\n", 1)
     assert b"\r\nRetry-After: 1\r\n" in head and b"\r\nretry-after-ms: 1000\r\n" in head
+    assert b"\r\nServer: chatfleet\r\n" in head
     assert orjson.loads(body)["error"]["code"] == "connection_limit"
 
 

@@ -41,6 +41,7 @@ from aiohttp import web
 from chatfleet.gateway.config import ConfigError, GatewayConfig
 from chatfleet.gateway.metrics import GatewayMetrics
 from chatfleet.http.errors import error_body
+from chatfleet.http.headers import SERVER
 
 log = logging.getLogger("chatfleet.gateway")
 SWEEP_S = 0.25
@@ -52,9 +53,9 @@ MAX_REFUSING = 128
 REFUSAL_LINGER_S = 2.0
 MIN_CONNECTIONS = 16  # the floor of the limit when a reload leaves less room (logged)
 RETRY_AFTER_S = 1
-REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-           b"Retry-After: %d\r\nretry-after-ms: %d\r\nConnection: close\r\n"
-           b"Content-Length: %d\r\n\r\n%s")
+REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nServer: " + SERVER.encode()
+           + b"\r\nContent-Type: application/json\r\nRetry-After: %d\r\nretry-after-ms: %d\r\n"
+           b"Connection: close\r\nContent-Length: %d\r\n\r\n%s")
 NO_LIMIT = 1_048_576  # Linux's default fs.nr_open: what an unlimited hard limit allows
 
 
