@@ -169,9 +169,10 @@ class Relay:
                 if rep is None:
                     raise UpstreamError("replica removed", before_head=True)
                 up = await rep.pool.connect(t.connect_s, reuse=not fresh)
-                up.send(ex, request_bytes(call.path, f"{rep.config.host}:{rep.config.port}",
-                                          call.body, call.stream, call.request_id))
-                status, length = await asyncio.wait_for(asyncio.shield(ex.head), head_s)
+                up.send(ex, request_bytes(call.path, rep.pool.authority, call.body,
+                                          call.stream, call.request_id))
+                async with asyncio.timeout(head_s):
+                    status, length = await ex.head
             except UpstreamError as exc:
                 if exc.reused and not fresh:
                     fresh = True  # a keep-alive connection the replica had closed
@@ -271,7 +272,7 @@ class Relay:
             ex.start(transport)
             # watched until its last byte has left (the client's stalls: StreamWatch)
             watch = self.watch.watch(ex, call.arrival + self.settings.timeouts.total_s)
-            await asyncio.shield(ex.done)
+            await ex.done
             self.fleet.report(replica, ok=True)
             self._learn(call, ex)
             slot.release()  # the engine is done with it, whether or not the client has it all

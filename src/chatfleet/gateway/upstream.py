@@ -358,6 +358,7 @@ class Pool:
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
+        self.authority = f"{host}:{port}"  # the Host header of its requests
         self.idle: list[Upstream] = []
         self.num_opened = 0
 
