@@ -134,7 +134,10 @@ def test_a_limit_that_cannot_fill_the_slots_refuses_to_start(tmp_path: Path) -> 
     slots: one line, exit 2, before it binds or probes anything."""
     cfg = {"replicas": ["http://127.0.0.1:9", "http://127.0.0.1:10"], "cap": 60}
     proc, log = gateway_under(cfg, 400, 400, tmp_path)
-    assert proc.wait(30) == 2
+    try:
+        assert proc.wait(30) == 2
+    finally:
+        stop(proc)  # a gateway that started after all (the defect) is stopped, not left
     lines = log.read_text().strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: the descriptor limit (400, ulimit -n) leaves room for "
