@@ -12,7 +12,9 @@ The peers live in their own virtual environments, never in requirements.lock:
     python3 -m venv /tmp/sr && /tmp/sr/bin/pip install 'sglang-router==0.3.2'
 
 The client runs without --quickack by default (Linux's delayed ACKs, as SDK clients), so a
-relay that writes without TCP_NODELAY shows its Nagle stall. Figures: docs/gateway.md.
+relay that writes without TCP_NODELAY shows its Nagle stall. The gateway runs with a cap no run
+reaches (2,000) and its connection limit checked; a run in which it (or any target but
+LiteLLM) delivers less than it was offered fails loudly. Figures: docs/gateway.md.
 """
 
 from __future__ import annotations

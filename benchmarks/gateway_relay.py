@@ -72,6 +72,13 @@ Before the load, each target is checked once: a full stream must relay 64 chunks
 and 4 streams dropped by the client after 3 chunks must show up as aborted at the engine
 within 2 s (disconnect propagation).
 
+A run that does not stand fails loudly (exit status 1, each reason on stderr, the JSON written
+with them under "shortfalls"): a target that did not start or died, or any target but
+LiteLLM's proxy (MAY_SATURATE: its saturation here is a finding) that delivered less than 90%
+of what the engine's cadence offered, or met errors, in any repetition. `chatfleet gateway`
+runs with a cap no run reaches (--chatfleet-cap, 2,000) and refuses to start when its
+connection limit, from the descriptor limit, is below the largest stream count.
+
 --profile DIR reruns each Python relay for one window at the largest stream count under
 cProfile with a CPU-time clock (slower: not for the reported figures) and reports the shares
 of its CPU time by package and its top functions; --reps 0 --profile DIR profiles only.
@@ -114,6 +121,11 @@ PY_IMPLS = ("aiohttp", "aiohttp-pass", "raw", "rawsrv-aiohttp")
 UVICORN_IMPLS = ("asgi-aiohttp", "starlette-httpx", "starlette-aiohttp")
 DEFAULT_IMPLS = tuple(f"{b}-{loop}" for b in PY_IMPLS + UVICORN_IMPLS
                       for loop in ("uvloop", "asyncio"))
+CHATFLEET_CAP = 2_000  # above every stream count measured: no run reaches the cap
+# targets whose saturation is a finding (they deliver less than offered on this machine); any
+# other target that delivers less than SHORT_OF its offer, or meets errors, fails the run
+MAY_SATURATE = frozenset({"litellm"})
+SHORT_OF = 0.9
 SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n")
 
@@ -936,15 +948,26 @@ def run_uvicorn(base: str, port: int, upstream: str, use_uvloop: bool) -> None:
 
 def cmd_chatfleet(args: argparse.Namespace) -> None:
     """`chatfleet gateway` in front of the engine, as `chatfleet gateway --replica URL` runs
-    it (uvloop, default configuration), with a cap no run reaches and no queue."""
+    it (uvloop, default configuration, the soft descriptor limit raised to the hard one), with
+    a cap no run reaches (--cap, above the largest stream count) and no queue. It refuses to
+    start when its connection limit is below --min-connections: a gateway that turns clients
+    away measures its refusals, not its relay."""
     import uvloop
 
     from chatfleet.gateway.app import Gateway
     from chatfleet.gateway.config import GatewayConfig, Overrides
+    from chatfleet.gateway.connections import check_room, connection_limit, raise_descriptor_limit
     from chatfleet.gateway.server import start
 
-    cfg = Overrides((f"http://{args.upstream}",), cap=100_000, queue_depth=0).apply(
+    cfg = Overrides((f"http://{args.upstream}",), cap=args.cap, queue_depth=0).apply(
         GatewayConfig())
+    fd_limit = raise_descriptor_limit()
+    check_room(cfg, fd_limit)
+    limit = connection_limit(cfg, fd_limit)
+    if limit < args.min_connections or args.cap < args.min_connections:
+        raise SystemExit(f"chatfleet gateway: connection limit {limit}, cap {args.cap}: below "
+                         f"the {args.min_connections} streams of the run")
+    print(f"connection limit {limit} (descriptor limit {fd_limit}), cap {args.cap}", flush=True)
     prof = None
     if args.profile:
         import cProfile
@@ -1418,8 +1441,10 @@ def target_argv(name: str, port: int, engine_port: int, args: argparse.Namespace
                  "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
                  "--log-level", "warn"], {})
     if name == "chatfleet":
+        most = max(int(x) for x in args.streams.split(","))
         return ([sys.executable, str(SCRIPT), "chatfleet-gateway", "--port", str(port),
-                 "--upstream", upstream], {})
+                 "--upstream", upstream, "--cap", str(args.chatfleet_cap),
+                 "--min-connections", str(most)], {})
     python = args.starlette_python if split_impl(name)[0] in UVICORN_IMPLS else sys.executable
     argv = [python, str(SCRIPT), "relay", "--impl", name, "--port", str(port),
             "--upstream", upstream]
@@ -1545,6 +1570,23 @@ def fmt(x: float, nd: int = 2) -> str:
 def saturated(s: dict[str, Any]) -> bool:
     """One Python process at a full core, or under 90% of the chunks the engine offers."""
     return bool(s["target_cores"] >= 0.9 or s["delivered"] < 0.9)
+
+
+def shortfalls(result: dict[str, Any]) -> list[str]:
+    """Why the run does not stand: a target that did not start or died, or one that delivered
+    less than SHORT_OF of what the engine's cadence offered, or met errors, in any repetition
+    (saturation is a finding only for the MAY_SATURATE peers)."""
+    out = [f"{name}: {why}" for name, why in result["failed"].items()]
+    for name, per_n in result["runs"].items():
+        if name in MAY_SATURATE:
+            continue
+        for n_s, runs in per_n.items():
+            for r in runs:
+                if r["delivered"] < SHORT_OF or r["errors"]:
+                    out.append(f"{name} at {n_s} streams (repetition {r['rep']}): delivered "
+                               f"{r['delivered']:.0%} of what it was offered, {r['errors']} "
+                               "errors")
+    return out
 
 
 def table(summary: dict[str, dict[str, dict[str, Any]]], streams: list[int]) -> str:
@@ -1688,9 +1730,15 @@ def cmd_run(args: argparse.Namespace) -> None:
     print(table(result["summary"], streams))
     for name, why in {**skipped, **result["failed"]}.items():
         print(f"- {name}: {why}")
+    result["shortfalls"] = shortfalls(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}")
+    if result["shortfalls"]:
+        for line in result["shortfalls"]:
+            print(f"FAILED: {line}", file=sys.stderr)
+        raise SystemExit("the run does not stand: a target delivered less than it was offered "
+                         "(its figures measure its refusals or its saturation, not its relay)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1724,6 +1772,8 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--starlette-python", default=None)
     run.add_argument("--chatfleet", action="store_true",
                      help="measure `chatfleet gateway` (in this Python) as a target")
+    run.add_argument("--chatfleet-cap", type=int, default=CHATFLEET_CAP,
+                     help="the gateway's cap: above every stream count, so no run reaches it")
     run.add_argument("--peer-litellm", default=None, metavar="PYTHON")
     run.add_argument("--peer-router", default=None, metavar="BIN")
     run.add_argument("--profile", default=None, metavar="DIR")
@@ -1747,6 +1797,8 @@ def main(argv: list[str] | None = None) -> None:
     gwp.add_argument("--port", type=int, required=True)
     gwp.add_argument("--upstream", required=True, help="HOST:PORT of the engine")
     gwp.add_argument("--profile", default=None, metavar="FILE")
+    gwp.add_argument("--cap", type=int, default=CHATFLEET_CAP)
+    gwp.add_argument("--min-connections", type=int, default=0)
     gwp.set_defaults(func=cmd_chatfleet)
 
     cli = sub.add_parser("client", help="the load client")

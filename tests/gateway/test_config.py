@@ -27,6 +27,7 @@ def test_the_documented_example_loads() -> None:
     assert cfg.is_admin("1234") and not cfg.is_admin("password")
     assert cfg.shared_prompt.mode == "own" and len(cfg.shared_prompt.tools) == 1
     assert cfg.state.gateways == 2 and parse_config({}).state.gateways == 0
+    assert cfg.timeouts.client_read_s == 10 and cfg.max_connections == 4096
     over = Overrides(("http://127.0.0.1:9000",), cap=3, queue_depth=0).apply(cfg)
     assert [r.name for r in over.replicas] == ["127.0.0.1:9000"]
     assert (over.cap, over.queue_depth) == (3, 0)
@@ -47,6 +48,7 @@ def test_the_documented_example_loads() -> None:
     ({"timeouts": {"idle_s": 0.01}}, r"timeouts.idle_s: must lie in \[1, 3600\]"),
     ({"timeouts": {"client_header_s": 0.1}}, r"client_header_s: must lie in \[0.5, 300\]"),
     ({"timeouts": {"client_idle_s": 7200}}, r"client_idle_s: must lie in \[1, 3600\]"),
+    ({"timeouts": {"client_read_s": 0.5}}, r"client_read_s: must lie in \[1, 3600\]"),
     ({"max_connections": 4}, r"max_connections: must lie in \[16, 1e\+06\]"),
     ({"max_connections": 100.5}, "whole number"),
     ({"routing": {"colour": 1}}, "unknown key"),

@@ -51,15 +51,16 @@ def test_a_prompt_that_does_not_fit_names_the_prompt(prompt: Any) -> None:
 
 
 def test_what_the_gateway_passes_on_to_any_engine() -> None:
-    """Any role (vLLM takes custom ones), any kind of content part, batched prompts, unknown
-    fields: the engine behind decides."""
+    """Any role (vLLM takes custom ones), any kind of content part, a prompt in a list of one,
+    unknown fields: the engine behind decides (a batch of prompts is refused:
+    tests/http/test_bounds.py)."""
     req = parse(ChatCompletionRequest, {"messages": [
         {"role": "critic", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
         "chat_template_kwargs": {"enable_thinking": False}, "bootstrap_room": 7},
         strict=True)
     assert req.messages[0].role == "critic" and req.stream is False
-    assert parse(CompletionRequest, {"prompt": [[1, 2], [3]]}, strict=True).prompt == [[1, 2],
-                                                                                       [3]]
+    assert parse(CompletionRequest, {"prompt": [[1, 2]]}, strict=True).prompt == [[1, 2]]
+    assert parse(CompletionRequest, {"prompt": ["hi"]}, strict=True).prompt == ["hi"]
 
 
 def test_the_gateway_is_strict_and_the_simserver_lax_like_sglang() -> None:
@@ -73,7 +74,7 @@ def test_the_gateway_is_strict_and_the_simserver_lax_like_sglang() -> None:
     (api.ChatCompletionRequest, {"messages": [{"role": "critic", "content": "hi"}]}),
     (api.ChatCompletionRequest, {"messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
-    (api.CompletionRequest, {"prompt": [[1, 2], [3]]}),
+    (api.CompletionRequest, {"prompt": [[1, 2]]}),
     (api.ChatCompletionRequest, {"messages": USER, "rid": ""}),
 ])
 def test_the_simserver_narrows_the_bodies_to_what_it_serves(model: Any,

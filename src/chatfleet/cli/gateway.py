@@ -14,6 +14,7 @@ from chatfleet.cli.common import clean_errors, console, fail, out
 from chatfleet.gateway.app import Gateway, step_time_for
 from chatfleet.gateway.config import ConfigError, Overrides, cap_from_sweep, load_config
 from chatfleet.gateway.config import hash_key as do_hash
+from chatfleet.gateway.connections import check_room, raise_descriptor_limit
 from chatfleet.gateway.server import start
 from chatfleet.gateway.state import backend_from
 from chatfleet.http.log import setup_logging
@@ -60,6 +61,9 @@ def gateway(
         overrides = Overrides(tuple(replica), cap, queue_depth, gateways)
         cfg = overrides.apply(load_config(config))
         backend = backend_from(state, cfg.state.timeout_s)
+        # the soft descriptor limit up to the hard one; refused when what it leaves for
+        # client connections cannot fill the slots (gateway/connections.py)
+        check_room(cfg, raise_descriptor_limit())
         gw = Gateway(cfg, config_path=config, overrides=overrides,
                      step_time=step_time_for(cfg), state=backend)
 
@@ -76,7 +80,9 @@ def gateway(
             "set state.gateways to serve a share without it)")
         console.print(f"gateway: {len(cfg.replicas)} replicas, cap {cfg.cap} each, queue "
                       f"{cfg.queue_depth}, {auth}, shared prompt {cfg.shared_prompt.mode}, "
-                      f"state {where}{up}; Ctrl-C stops, SIGHUP reloads the config")
+                      f"state {where}{up}, client connections at most {running.guard.limit()} "
+                      f"(descriptor limit {running.guard.fd_limit}); Ctrl-C stops, SIGHUP "
+                      "reloads the config")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

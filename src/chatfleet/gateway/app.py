@@ -46,6 +46,7 @@ from chatfleet.gateway.shared import SharedCaps
 from chatfleet.gateway.state import MemoryState, StateBackend, StateUnavailable
 from chatfleet.http.body import check_writable, read_object
 from chatfleet.http.errors import BadRequest, ClientLeft, error, error_middleware
+from chatfleet.http.headers import name_server
 from chatfleet.http.models import ChatCompletionRequest, CompletionRequest, GenerationRequest, parse
 
 log = logging.getLogger("chatfleet.gateway")
@@ -100,6 +101,7 @@ class Gateway:
     def _build_app(self) -> web.Application:
         app = web.Application(middlewares=[error_middleware(log, "gateway"), self._auth],
                               client_max_size=2**40, handler_args={"max_field_size": 16384})
+        name_server(app)
         r = app.router
         r.add_post("/v1/chat/completions", self.chat)
         r.add_post("/v1/completions", self.completions)
@@ -204,6 +206,7 @@ class Gateway:
         freq = FleetRequest(rid, skey, arrival, returning,
                             key=key.name if key is not None else None)
         call = Call(rid, path, orjson.dumps(body), stream, freq, arrival, headers)
+        del body  # while it waits for a slot, a request holds its bytes, not their objects
         self._live_ids.add(rid)
         outcome = Outcome.ERROR
         try:
@@ -218,7 +221,7 @@ class Gateway:
             raise
         finally:
             self._live_ids.discard(rid)
-            self.metrics.count(outcome, slow_client=call.slow_client)  # the one count
+            self.metrics.count(outcome, cut_off=call.cut_off)  # the one count
 
     async def _adopt(self, key: str) -> None:
         """A session this gateway does not know: where did another gateway place it?"""
@@ -380,10 +383,12 @@ class Gateway:
 
     async def _sweep_loop(self) -> None:
         """Abort streams idle for longer than timeouts.idle_s, or past the request's total
-        timeout: the client gets the SSE error event."""
+        timeout: the client gets the SSE error event; and cut off clients that have read
+        nothing for timeouts.client_read_s while their answer waits (relay.StreamWatch)."""
         while True:
             await asyncio.sleep(SWEEP_S)
-            self.watch.sweep(self.loop.time(), self.cfg.timeouts.idle_s)
+            t = self.cfg.timeouts
+            self.watch.sweep(self.loop.time(), t.idle_s, t.client_read_s)
 
 
 def relay_settings(cfg: GatewayConfig) -> RelaySettings:

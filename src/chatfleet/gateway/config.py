@@ -83,6 +83,9 @@ class Timeouts:
     probe_s: float = 1.0  # one health probe
     client_header_s: float = 10.0  # a request head, from its first byte to its end
     client_idle_s: float = 30.0  # a client connection with no request in progress
+    # a stream whose client has read nothing of what waits for it in the gateway (the
+    # kernel's buffers full) for this long is cut off: its slot frees, the engine aborts
+    client_read_s: float = 10.0
 
 
 # (lowest, highest) a timeout may be set to; unlisted ones only need to be positive
@@ -92,6 +95,8 @@ TIMEOUT_BOUNDS: dict[str, tuple[float, float]] = {
     "idle_s": (1.0, 3600.0),
     "client_header_s": (0.5, 300.0),
     "client_idle_s": (1.0, 3600.0),
+    # the sweep that watches clients runs every 0.5 s
+    "client_read_s": (1.0, 3600.0),
 }
 MAX_CONNECTIONS_BOUNDS = (16, 1_000_000)
 

@@ -61,7 +61,8 @@ class GatewayMetrics:
     client_disconnects: int = 0
     prefix_mismatches: int = 0
     reloads: int = 0
-    slow_clients: int = 0  # cut off for not reading their answer
+    slow_clients: int = 0  # cut off: more than 1 MiB of their answer unread
+    stalled_clients: int = 0  # cut off: nothing of their answer read for client_read_s
     state_failures: int = 0  # times the shared store stopped answering
     chunks: int = 0
     client_connections: int = 0  # open now (gateway/connections.py)
@@ -69,20 +70,24 @@ class GatewayMetrics:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
 
-    def count(self, outcome: str, *, slow_client: bool = False) -> None:
+    def count(self, outcome: str, *, cut_off: str | None = None) -> None:
         """How one request ended (the relay's Outcome): the one place requests are counted.
-        A cancelled request's client went away (or was cut off for not reading: slow)."""
+        A cancelled request's client went away, or was cut off for not reading (`cut_off`:
+        "buffer", more than 1 MiB of its answer unread; "stalled", nothing read for
+        timeouts.client_read_s)."""
         outcome = str(outcome)
         self.requests[outcome] += 1
         if outcome == "cancelled":
             self.client_disconnects += 1
-            if slow_client:
+            if cut_off == "buffer":
                 self.slow_clients += 1
+            elif cut_off == "stalled":
+                self.stalled_clients += 1
 
-    def client_left(self, slow: bool = False) -> None:
+    def client_left(self) -> None:
         """A request whose client went away before it reached the relay (while sending its
         body): the same count as the relay's cancelled outcome."""
-        self.count("cancelled", slow_client=slow)
+        self.count("cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +139,9 @@ class _Collector:
             ("config_reloads", m.reloads, "Configuration reloads applied."),
             ("slow_clients", m.slow_clients, "Clients cut off because more than 1 MiB of "
              "their answer sat unread in the gateway."),
+            ("stalled_clients", m.stalled_clients, "Clients cut off because they read nothing "
+             "of their answer for timeouts.client_read_s while some of it waited in the "
+             "gateway (their slot freed, the engine's request aborted)."),
             ("state_failures", m.state_failures, "Times the shared state store stopped "
              "answering (this gateway kept the shares it last had confirmed)."),
             ("chunks", m.chunks, "Stream chunks relayed."),

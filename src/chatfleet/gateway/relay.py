@@ -43,7 +43,7 @@ from chatfleet.gateway.config import Timeouts
 from chatfleet.gateway.fleet import LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics
 from chatfleet.gateway.slots import Slot
-from chatfleet.gateway.upstream import Exchange, UpstreamError, request_bytes
+from chatfleet.gateway.upstream import CUT_STALLED, Exchange, UpstreamError, request_bytes
 from chatfleet.http.errors import error
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -73,7 +73,7 @@ class Call:
     fleet_request: FleetRequest
     arrival: float
     headers: dict[str, str] = field(default_factory=dict)  # extra response headers
-    slow_client: bool = False  # it was cut off for leaving its answer unread
+    cut_off: str | None = None  # it was cut off for leaving its answer unread: why
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +96,10 @@ def next_request_id() -> str:
 
 class StreamWatch:
     """The streams being relayed, for the idle timeout and each request's total one: `sweep`
-    aborts those past either (the client gets the SSE error event)."""
+    aborts those past either (the client gets the SSE error event); and their clients, until
+    the last byte has left: one that has taken nothing of its answer for `client_read_s`
+    while some of it waited (gateway/reading.py) is cut off, its upstream request aborted and
+    its slot freed."""
 
     def __init__(self) -> None:
         self._watched: dict[int, tuple[Exchange, float]] = {}
@@ -108,8 +111,14 @@ class StreamWatch:
     def unwatch(self, token: int) -> None:
         self._watched.pop(token, None)
 
-    def sweep(self, now: float, idle_s: float) -> None:
+    def sweep(self, now: float, idle_s: float, client_read_s: float) -> None:
         for token, (ex, deadline) in list(self._watched.items()):
+            if not ex.client_gone and ex.client_reading(now).stalled(now, client_read_s):
+                ex.cut_client(CUT_STALLED)
+                self._watched.pop(token, None)
+                continue
+            if ex.done.done():  # the answer is all in: only its client is watched
+                continue
             if now - ex.last_read > idle_s or now > deadline:
                 ex.timed_out = True
                 ex.abort_upstream()
@@ -160,9 +169,10 @@ class Relay:
                 if rep is None:
                     raise UpstreamError("replica removed", before_head=True)
                 up = await rep.pool.connect(t.connect_s, reuse=not fresh)
-                up.send(ex, request_bytes(call.path, f"{rep.config.host}:{rep.config.port}",
-                                          call.body, call.stream, call.request_id))
-                status, length = await asyncio.wait_for(asyncio.shield(ex.head), head_s)
+                up.send(ex, request_bytes(call.path, rep.pool.authority, call.body,
+                                          call.stream, call.request_id))
+                async with asyncio.timeout(head_s):
+                    status, length = await ex.head
             except UpstreamError as exc:
                 if exc.reused and not fresh:
                     fresh = True  # a keep-alive connection the replica had closed
@@ -201,7 +211,7 @@ class Relay:
                 fleet.report(replica, ok=True)  # the request's fault, not the replica's
                 return Relayed(errors.upstream_status(status), Outcome.REJECTED)
             try:
-                return await self._relay(request, call, replica, ex, length)
+                return await self._relay(request, call, slot, replica, ex, length)
             finally:
                 ex.abort_upstream()  # a no-op once the answer ended; else the engine stops
 
@@ -242,8 +252,8 @@ class Relay:
 
         return on_chunks
 
-    async def _relay(self, request: web.Request, call: Call, replica: str, ex: Exchange,
-                     length: int | None) -> Relayed:
+    async def _relay(self, request: web.Request, call: Call, slot: Slot, replica: str,
+                     ex: Exchange, length: int | None) -> Relayed:
         headers = {**(SSE_HEADERS if call.stream and length is None else JSON_HEADERS),
                    "X-Request-ID": call.request_id, **call.headers}
         if self.settings.debug_headers:
@@ -254,24 +264,37 @@ class Relay:
         else:
             resp.content_length = length
         transport = request.transport
+        watch: int | None = None
         try:
             await resp.prepare(request)
             if transport is None or transport.is_closing():
                 raise ConnectionResetError
             ex.start(transport)
+            # watched until its last byte has left (the client's stalls: StreamWatch)
             watch = self.watch.watch(ex, call.arrival + self.settings.timeouts.total_s)
-            try:
-                await asyncio.shield(ex.done)
-            finally:
-                self.watch.unwatch(watch)
+            await ex.done
+            self.fleet.report(replica, ok=True)
+            self._learn(call, ex)
+            slot.release()  # the engine is done with it, whether or not the client has it all
+            if ex.client_gone:  # it left before the end reached it
+                return Relayed(resp, Outcome.CANCELLED)
+            if transport.is_closing():  # (checked before start) it has it all, and closed
+                return Relayed(resp, Outcome.OK)
+            _bypass_writer(resp)
+            with contextlib.suppress(ConnectionError):
+                await resp.write_eof()  # waits while the client's buffer is full
+            if ex.cut_off is not None:  # cut off for not reading the end of it
+                call.cut_off = ex.cut_off
+                return Relayed(resp, Outcome.CANCELLED)
+            return Relayed(resp, Outcome.OK)
         except asyncio.CancelledError:
-            call.slow_client = ex.slow_client
+            call.cut_off = ex.cut_off
             raise
         except ConnectionResetError:
             return Relayed(resp, Outcome.CANCELLED)
         except UpstreamError:
             if ex.client_gone:
-                call.slow_client = ex.slow_client
+                call.cut_off = ex.cut_off
                 resp.force_close()
                 return Relayed(resp, Outcome.CANCELLED)
             self.fleet.report(replica, ok=False)
@@ -284,16 +307,9 @@ class Relay:
             elif transport is not None:
                 transport.close()
             return Relayed(resp, Outcome.TIMEOUT if ex.timed_out else Outcome.ERROR)
-        self.fleet.report(replica, ok=True)
-        self._learn(call, ex)
-        if ex.client_gone:  # it left before the end reached it
-            return Relayed(resp, Outcome.CANCELLED)
-        if transport.is_closing():  # (checked before start) it has it all, and closed
-            return Relayed(resp, Outcome.OK)
-        _bypass_writer(resp)
-        with contextlib.suppress(ConnectionError):
-            await resp.write_eof()
-        return Relayed(resp, Outcome.OK)
+        finally:
+            if watch is not None:
+                self.watch.unwatch(watch)
 
     def _learn(self, call: Call, ex: Exchange) -> None:
         """The answer's usage: the session's prompt and cached tokens for the next turn."""

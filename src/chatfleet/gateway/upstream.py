@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from chatfleet.gateway.reading import ReadProgress, unacked_bytes
+
 MAX_HEAD_BYTES = 64 * 1024
 IDLE_CONNECTION_MAX_S = 4.0  # uvicorn (SGLang, vLLM) closes idle keep-alive after 5 s
 MAX_IDLE_PER_REPLICA = 1024
@@ -29,6 +31,10 @@ TAIL_READS = 3
 # a client that lets this much of its answer pile up unread in the gateway is cut off: its
 # upstream request is aborted, and the gateway's memory per stream stays bounded
 MAX_CLIENT_BUFFER = 1024 * 1024
+# why a client was cut off: its unread answer passed MAX_CLIENT_BUFFER, or it read nothing of
+# it for timeouts.client_read_s (relay.py's StreamWatch)
+CUT_BUFFER = "buffer"
+CUT_STALLED = "stalled"
 
 
 class UpstreamError(ConnectionError):
@@ -64,8 +70,10 @@ class Exchange:
         self.num_chunks = 0
         self.client_gone = False
         self.timed_out = False  # aborted by the gateway's idle or total timeout
-        self.slow_client = False  # cut off: its unread answer passed MAX_CLIENT_BUFFER
+        self.cut_off: str | None = None  # the client was cut off for not reading: why
         self.last_read = loop.time()
+        self.written = 0  # bytes of the answer handed to the client's transport
+        self.reading = ReadProgress()  # whether the client takes them (the stream watch's)
         self.up: Upstream | None = None
 
     # called by the Upstream protocol --------------------------------------------------------
@@ -89,11 +97,9 @@ class Exchange:
                 return
             else:
                 client.write(data)
+                self.written += len(data)
                 if client.get_write_buffer_size() > MAX_CLIENT_BUFFER:
-                    self.slow_client = True
-                    self.client_gone = True
-                    client.abort()
-                    self.abort_upstream()
+                    self.cut_client(CUT_BUFFER)
                     return
         if chunks:
             self.num_chunks += chunks
@@ -123,6 +129,26 @@ class Exchange:
                 self.abort_upstream()
             else:
                 client.write(data)
+                self.written += len(data)
+
+    def client_reading(self, now: float) -> ReadProgress:
+        """Look at the client's side now: what of the answer it has not taken yet (in the
+        gateway's buffer, or sent and not acknowledged by its TCP)."""
+        client = self.client
+        if client is None or client.is_closing():  # not started, or gone: nothing to take
+            self.reading.waiting_since = None
+        else:
+            self.reading.observe(self.written, client.get_write_buffer_size()
+                                 + unacked_bytes(client), now)
+        return self.reading
+
+    def cut_client(self, why: str) -> None:
+        """Cut the client off for not reading (`why`); the upstream request goes with it."""
+        self.cut_off = why
+        self.client_gone = True
+        if self.client is not None:
+            self.client.abort()
+        self.abort_upstream()
 
     def abort_upstream(self) -> None:
         """Drop the upstream connection: the replica sees the client go and aborts."""
@@ -332,6 +358,7 @@ class Pool:
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
+        self.authority = f"{host}:{port}"  # the Host header of its requests
         self.idle: list[Upstream] = []
         self.num_opened = 0
 

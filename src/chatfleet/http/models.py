@@ -6,16 +6,19 @@ The gateway checks a body against them strictly (`strict=True`: `"stream": "yes"
 before it takes a slot; the simserver narrows them to what its engine model serves
 (simserver/api.py: text parts only, known roles, token-id prompts) and reads them as SGLang's
 pydantic does (lax: `"stream": "true"` is true). A body that does not fit is a BadRequest
-whose message and param name the field (`parse`).
+whose message and param name the field (`parse`). Before a generation body is parsed, its item
+counts are bounded and more than one sequence is refused (http/bounds.py); the fields carry
+the same limits, so the OpenAPI descriptions state them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from chatfleet.http.bounds import MAX_MESSAGES, MAX_STOP, MAX_TOOLS, check_bounds
 from chatfleet.http.errors import BadRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -66,8 +69,9 @@ class GenerationRequest(Lenient):
     stream_options: StreamOptions | None = Field(
         None, description="with stream true, the gateway sets include_usage (its usage "
                           "teaches the router the session's token counts)")
-    stop: str | list[str] | None = None
-    n: int = Field(1, ge=1)
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    n: int = Field(1, ge=1, le=1, description="one sequence per request: each takes a slot")
+    best_of: int | None = Field(None, ge=1, le=1, description="one sequence per request")
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
@@ -87,16 +91,18 @@ class GenerationRequest(Lenient):
 
 
 class ChatCompletionRequest(GenerationRequest):
-    messages: Sequence[ChatMessage] = Field(min_length=1)
+    messages: Sequence[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: str | list[int] | list[str] | list[list[int]] = Field(min_length=1)
+    # one prompt per request: a batch of prompts would run one sequence each in one slot
+    prompt: (str | list[int] | Annotated[list[str], Field(max_length=1)]
+             | Annotated[list[list[int]], Field(max_length=1)]) = Field(min_length=1)
     max_tokens: int | None = Field(16, ge=1)
 
 
@@ -104,7 +110,10 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def parse(model: type[M], body: dict[str, Any], *, strict: bool = False) -> M:
-    """`body` as `model`, or a BadRequest (400) naming the first field at fault."""
+    """`body` as `model`, or a BadRequest (400) naming the first field at fault; a generation
+    body's bounds are checked first (http/bounds.py)."""
+    if issubclass(model, GenerationRequest):
+        check_bounds(body)
     try:
         return model.model_validate(body, strict=strict)
     except ValidationError as exc:

@@ -18,6 +18,7 @@ from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.data.tokenizer import QwenTokenizer
 from chatfleet.http.body import BodyLimits, read_object
 from chatfleet.http.errors import BadRequest, error_middleware
+from chatfleet.http.headers import name_server
 from chatfleet.http.models import parse
 from chatfleet.simserver.api import AbortRequest, ChatCompletionRequest, CompletionRequest, openapi
 from chatfleet.simserver.generation import Answer, AnswerMaker
@@ -47,6 +48,7 @@ class ReplicaApp:
         # aiohttp's own 404 and 405 are answered as aiohttp writes them (an engine's differ)
         errors = error_middleware(log, "simserver", answer_http_errors=False)
         self.app = web.Application(middlewares=[errors], client_max_size=BODY_LIMITS.max_bytes)
+        name_server(self.app)
         r = self.app.router
         r.add_post("/v1/chat/completions", self.chat)
         r.add_post("/v1/completions", self.completions)
@@ -119,8 +121,6 @@ class ReplicaApp:
     # --- OpenAI ---------------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req = parse(ChatCompletionRequest, await read_object(request, BODY_LIMITS))
-        if req.n != 1:
-            raise BadRequest("only n = 1 is supported", "n")
         kwargs = req.chat_template_kwargs or {}
         thinking = bool(kwargs.get("enable_thinking", True))
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
@@ -148,8 +148,6 @@ class ReplicaApp:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = parse(CompletionRequest, await read_object(request, BODY_LIMITS))
-        if req.n != 1:
-            raise BadRequest("only n = 1 is supported", "n")
         if isinstance(req.prompt, str):
             prompt = await self._encode(req.prompt)
         else:
