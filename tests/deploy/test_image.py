@@ -95,23 +95,15 @@ def runners(built: dict[str, Any],
             r.close()
 
 
-def gateway_grace_s() -> float:
-    """terminationGracePeriodSeconds of the gateway pods `chatfleet deploy k8s` writes."""
-    plan = image_k8s_objects()
-    dep = plan[("Deployment", "chatfleet-gateway")]
-    return float(dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
-
-
-def image_k8s_objects(*args: str) -> dict[tuple[str, str], dict[str, Any]]:
-    out = ROOT / "build" / "image" / "k8s-test"
-    shutil.rmtree(out, ignore_errors=True)
+def gateway_pod(out: Path) -> dict[str, Any]:
+    """The gateway pod's spec that `chatfleet deploy k8s` writes, with no --image-chatfleet."""
     res = CliRunner().invoke(app, ["deploy", "k8s", "--cap", "4", "--weights", "fp8",
-                                   "--kv-cache", "fp8", "--out", str(out), *args])
+                                   "--kv-cache", "fp8", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    docs = [d for f in sorted(out.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
-            if d is not None]
-    shutil.rmtree(out, ignore_errors=True)
-    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    (dep,) = [d for d in yaml.safe_load_all((out / "30-gateway.yaml").read_text())
+              if d is not None and d["kind"] == "Deployment"]
+    spec: dict[str, Any] = dep["spec"]["template"]["spec"]
+    return spec
 
 
 # --- the archive -------------------------------------------------------------------------------
@@ -140,10 +132,9 @@ def test_the_archive_holds_one_image_named_by_version_and_commit(built: dict[str
     assert [layer["what"] for layer in built["layers"]][1].endswith(image.VENV)
 
 
-def test_the_manifests_name_the_image_the_build_tags(built: dict[str, Any]) -> None:
-    objs = image_k8s_objects()  # no --image-chatfleet: the checkout's own build
-    (container,) = objs[("Deployment", "chatfleet-gateway")]["spec"]["template"]["spec"][
-        "containers"]
+def test_the_manifests_name_the_image_the_build_tags(built: dict[str, Any],
+                                                    tmp_path: Path) -> None:
+    (container,) = gateway_pod(tmp_path)["containers"]
     assert container["image"] == built["reference"]
     assert container["ports"][0]["containerPort"] == image.PORT
     assert container["livenessProbe"]["httpGet"]["path"] == image.HEALTH_PATH
@@ -213,24 +204,29 @@ def proc_status(pid: int) -> dict[str, str]:
 
 
 def chat_stream(url: str, got: dict[str, Any], first: threading.Event) -> None:
-    with requests.post(url + "/v1/chat/completions", stream=True, timeout=60,
-                       headers={"X-Session-ID": "image"},
-                       json={"model": "qwen3-8b", "stream": True, "max_tokens": 48,
-                             "messages": [{"role": "user", "content": "hello"}]}) as r:
-        got["status"] = r.status_code
-        got["replica"] = r.headers.get("x-chatfleet-replica")
-        body = b""
-        for chunk in r.iter_content(chunk_size=None):
-            body += chunk
-            first.set()
+    body = b""
+    try:
+        with requests.post(url + "/v1/chat/completions", stream=True, timeout=60,
+                           headers={"X-Session-ID": "image"},
+                           json={"model": "qwen3-8b", "stream": True, "max_tokens": 48,
+                                 "messages": [{"role": "user", "content": "hello"}]}) as r:
+            got["status"] = r.status_code
+            got["replica"] = r.headers.get("x-chatfleet-replica")
+            for chunk in r.iter_content(chunk_size=None):
+                body += chunk
+                first.set()
+    except requests.RequestException as exc:
+        got["error"] = repr(exc)
+    finally:
         got["body"] = body.decode()
+        first.set()
 
 
 @pytest.mark.parametrize("kind", ["podman", "chroot"])
 def test_the_gateway_in_the_image_serves_relays_and_stops_on_sigterm(
-        runners: dict[str, Any], kind: str) -> None:
+        runners: dict[str, Any], kind: str, tmp_path: Path) -> None:
     r = get_runner(runners, kind)
-    grace = gateway_grace_s()
+    grace = float(gateway_pod(tmp_path / "k8s")["terminationGracePeriodSeconds"])
     sim = spawn("simserver", "--weights", "fp8", "--kv-cache", "fp8", "--port", "0")
     try:
         [sim_url] = read_urls(sim, 1, 30)
@@ -242,6 +238,7 @@ def test_the_gateway_in_the_image_serves_relays_and_stops_on_sigterm(
                     files={image.CONFIG_PATH: config.encode()})
         try:
             urls = read_urls(c.proc, 1, 60)
+            assert c.proc.stderr is not None
             assert urls and urls[0].startswith("http://127.0.0.1:"), (
                 urls, c.proc.poll(), c.proc.stderr.read() if c.proc.poll() is not None
                 else "")
@@ -261,10 +258,10 @@ def test_the_gateway_in_the_image_serves_relays_and_stops_on_sigterm(
             assert first.wait(30), got
             code, took = c.stop(grace)
             reader.join(60)
-            assert got["status"] == 200 and got["replica"] == "sim", got
+            assert "error" not in got and got.get("status") == 200, got
+            assert got["replica"] == "sim", got
             assert got["body"].endswith("data: [DONE]\n\n"), got["body"][-300:]
             assert code == 0 and took < grace, (code, took)
-            assert c.proc.stderr is not None
             err = c.proc.stderr.read().decode()
             assert "Traceback" not in err, err
         finally:

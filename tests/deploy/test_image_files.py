@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -196,7 +197,7 @@ def test_make_image_refuses_a_machine_it_cannot_build_on(
     with pytest.raises(build_image.BuildError, match="runs as root"):
         build_image.check_machine()
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(build_image.shutil, "which",
+    monkeypatch.setattr(shutil, "which",
                         lambda t: None if t == "umoci" else f"/usr/bin/{t}")
     with pytest.raises(build_image.BuildError, match="missing: umoci"):
         build_image.check_machine()
