@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -111,17 +112,19 @@ class Runner:
 
 
 class PodmanRunner(Runner):
-    """podman with a store of its own under `work` (vfs: no mounts left behind), host
+    """podman with a store of its own (vfs: no mounts left behind), host
     network, and the open-file and process limits set explicitly (some sandboxes refuse
     podman's defaults)."""
 
     kind = "podman"
 
-    def __init__(self, archive: Path, work: Path) -> None:
-        self.work = work
-        self.work.mkdir(parents=True, exist_ok=True)
-        self.base = ["podman", "--root", str(work / "root"), "--runroot", str(work / "run"),
-                     "--tmpdir", str(work / "tmp"), "--storage-driver", "vfs",
+    def __init__(self, archive: Path) -> None:
+        # in /tmp: podman refuses a run root path over 50 characters (pytest's temporary
+        # folders under xdist are longer); close() removes it
+        self.work = Path(tempfile.mkdtemp(prefix="cfpod-", dir="/tmp"))
+        self.base = ["podman", "--root", str(self.work / "root"),
+                     "--runroot", str(self.work / "run"), "--tmpdir", str(self.work / "tmp"),
+                     "--storage-driver", "vfs",
                      "--events-backend", "file", "--cgroup-manager", "cgroupfs"]
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
         self.limits = ["--ulimit", f"nofile={nofile[0]}:{nofile[1]}",
@@ -292,12 +295,13 @@ class ChrootRunner(Runner):
 
 
 def runner(kind: str, archive: Path, work: Path) -> tuple[Runner | None, str | None]:
-    """A runner of `kind` ready to start the image, or None and why it cannot run here."""
+    """A runner of `kind` ready to start the image, or None and why it cannot run here;
+    `work` is the chroot runner's folder (the podman runner makes a short one of its own)."""
     r: PodmanRunner | ChrootRunner
     if kind == "podman":
         if shutil.which("podman") is None:
             return None, "podman is not installed"
-        r = PodmanRunner(archive, work)
+        r = PodmanRunner(archive)
     elif kind == "chroot":
         r = ChrootRunner(archive, work)
     else:
