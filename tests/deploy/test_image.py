@@ -71,8 +71,10 @@ def built() -> dict[str, Any]:
         pytest.skip(why)
     log = ROOT / "build" / "image" / "test-build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    # at the lowest CPU and I/O priority: the other worker's timing checks go first
     with log.open("wb") as f:
-        done = subprocess.run([sys.executable, str(ROOT / "tools" / "build_image.py"),
+        done = subprocess.run(["nice", "-n", "19", "ionice", "-c", "2", "-n", "7",
+                               sys.executable, str(ROOT / "tools" / "build_image.py"),
                                "--json"], stdout=subprocess.PIPE, stderr=f,
                               timeout=BUILD_TIMEOUT_S, check=False)
     assert done.returncode == 0, (f"make image failed (exit {done.returncode}); its log, "
