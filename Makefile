@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 OUT ?= out
 
-.PHONY: demo test lint install native clean bench system-deps
+.PHONY: demo test lint install native clean bench system-deps image
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,15 +28,25 @@ demo: install
 	$(BIN)/chatfleet demo --out $(OUT)/demo
 
 # Debian packages the tests use: chromium (the report's rendering test), redis-server (the
-# gateways' shared state) and prometheus (its promtool checks the deploy files). Installed when
-# missing and when we may (root); otherwise the tests that need them skip and say why.
+# gateways' shared state), prometheus (its promtool checks the deploy files), and for the image
+# (tests/deploy/test_image.py) mmdebstrap and umoci to build it, podman and runc to run it.
+# Installed when missing and when we may (root); otherwise the tests that need them skip and
+# say why.
 system-deps:
 	@missing=""; command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	  command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	  command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	  for t in mmdebstrap umoci podman runc; do \
+	    command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	  [ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing) \
 	  || echo "missing:$$missing: the tests that need them will skip"; }
+
+# The gateway's image as an OCI archive, $(OUT)/image/chatfleet-VERSION-COMMIT.oci.tar, built
+# with no container daemon (as root: mmdebstrap, umoci; docs/deploy.md#the-image). Minutes the
+# first time, with its progress; then cached by its inputs.
+image: $(STAMP)
+	$(BIN)/python tools/build_image.py --out $(OUT)/image
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

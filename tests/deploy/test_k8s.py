@@ -24,9 +24,10 @@ pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "deploy" / "k8s"
-# the command that wrote deploy/k8s (docs/deploy.md says the same)
+# the command that wrote deploy/k8s (docs/deploy.md says the same); the release's image, as
+# the default names the image of the checkout's commit (tests/deploy/test_image_files.py)
 EXAMPLE_ARGS = ["deploy", "k8s", "--cap", "16", "--weights", "fp8", "--kv-cache", "fp8",
-                "--replicas", "4", "--gateways", "2"]
+                "--replicas", "4", "--gateways", "2", "--image-chatfleet", "chatfleet:0.1.0"]
 # an older Kubernetes minor and the newest schema the package ships
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 PROMTOOL = shutil.which("promtool")

@@ -15,6 +15,7 @@ from chatfleet.cli.common import (
     out,
     print_json,
 )
+from chatfleet.deploy import image
 from chatfleet.deploy.k8s import (
     DEFAULT_IMAGE_CHATFLEET,
     DEFAULT_IMAGE_SGLANG,
@@ -40,8 +41,10 @@ def k8s(
                                         "plan's recommendation; 2 without a plan)."),
     namespace: str = typer.Option("chatfleet", help="Kubernetes namespace."),
     image_sglang: str = typer.Option(DEFAULT_IMAGE_SGLANG, help="SGLang image."),
-    image_chatfleet: str = typer.Option(DEFAULT_IMAGE_CHATFLEET, help="Image with chatfleet "
-                                        "installed (the gateway)."),
+    image_chatfleet: str | None = typer.Option(
+        None, help="Image with chatfleet installed (the gateway). Default: the image `make "
+        "image` tags in the checkout chatfleet runs from (chatfleet:VERSION-COMMIT), else "
+        f"{DEFAULT_IMAGE_CHATFLEET}."),
     cap: int | None = typer.Option(None, help="Without --plan: requests in flight per replica "
                                    "(the knee), also SGLang's --max-running-requests."),
     weights: str | None = typer.Option(None, help="Without --plan: bf16 or fp8."),
@@ -76,6 +79,8 @@ def k8s(
             p = plan_from_flags(cap=cap, weights=weights, kv_cache=kv_cache,
                                 replicas=2 if replicas is None else replicas, gpu=gpu,
                                 model=model, model_path=model_path, queue_depth=queue_depth)
+        if image_chatfleet is None:
+            image_chatfleet = image.default_reference()
         opts = K8sOptions(namespace=namespace, gateways=gateways, image_sglang=image_sglang,
                           image_chatfleet=image_chatfleet)
         files = manifests(p, opts)

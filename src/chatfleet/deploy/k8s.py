@@ -27,15 +27,17 @@ from chatfleet import __version__
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.memory import plan_pool
 from chatfleet.core.specs import SpecError, builtin_model, get_gpu, precision
+from chatfleet.deploy import image
 from chatfleet.engines.sglang import SGLANG_METRICS, SGLangAdapter
 from chatfleet.gateway.config import ConfigError, parse_config
 from chatfleet.io import write_atomic
 
 SGLANG_PORT = 30000
-GATEWAY_PORT = 8080
+GATEWAY_PORT = image.PORT  # the port the image declares
 REDIS_PORT = 6379
 DEFAULT_IMAGE_SGLANG = "lmsysorg/sglang:v0.5.23"
-DEFAULT_IMAGE_CHATFLEET = f"chatfleet:{__version__}"
+# the release's image; `chatfleet deploy k8s` names the one `make image` tags in its checkout
+DEFAULT_IMAGE_CHATFLEET = image.reference(__version__)
 DEFAULT_IMAGE_REDIS = "redis:7.4"
 # GKE's node label for the accelerator of a node pool (other clouds name it differently)
 L4_NODE_SELECTOR = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
@@ -74,10 +76,10 @@ class K8sOptions:
                               "and -, at most 63)")
         if self.gateways < 1:
             raise DeployError("--gateways must be at least 1")
-        for flag, image in (("--image-sglang", self.image_sglang),
-                            ("--image-chatfleet", self.image_chatfleet)):
-            if not image or any(c.isspace() for c in image):
-                raise DeployError(f"{flag} {image!r} is not an image reference")
+        for flag, ref in (("--image-sglang", self.image_sglang),
+                          ("--image-chatfleet", self.image_chatfleet)):
+            if not ref or any(c.isspace() for c in ref):
+                raise DeployError(f"{flag} {ref!r} is not an image reference")
         return self
 
 
@@ -294,7 +296,7 @@ def gateway(plan: DeployPlan, opts: K8sOptions) -> list[dict[str, Any]]:
         "resources": {"requests": {"cpu": "1", "memory": "512Mi"},
                       "limits": {"memory": "1Gi"}},
         "readinessProbe": _http_probe("/ready", 5, 2, 3),
-        "livenessProbe": _http_probe("/health", 10, 5, 3),
+        "livenessProbe": _http_probe(image.HEALTH_PATH, 10, 5, 3),
         "volumeMounts": [{"name": "config", "mountPath": "/etc/chatfleet", "readOnly": True}],
     }
     return [
