@@ -27,6 +27,10 @@ def test_the_documented_example_loads() -> None:
     assert cfg.is_admin("1234") and not cfg.is_admin("password")
     assert cfg.shared_prompt.mode == "own" and len(cfg.shared_prompt.tools) == 1
     assert cfg.state.gateways == 2 and parse_config({}).state.gateways == 0
+    assert cfg.reserve.learn and cfg.reserve.percentile == 99 and cfg.reserve.max_s is None
+    assert cfg.routing.spill == "cost"
+    assert parse_config({"reserve": {"learn": False, "max_s": 5}}).reserve.learn is False
+    assert parse_config({"routing": {"spill": "never"}}).routing.spill == "never"
     over = Overrides(("http://127.0.0.1:9000",), cap=3, queue_depth=0).apply(cfg)
     assert [r.name for r in over.replicas] == ["127.0.0.1:9000"]
     assert (over.cap, over.queue_depth) == (3, 0)
@@ -53,6 +57,16 @@ def test_the_documented_example_loads() -> None:
     ({"shared_prompt": {"mode": "mine"}}, "shared_prompt"),
     ({"ttft_budget_s": 0.5, "prefill_reserve_s": 0.5}, "prefill_reserve_s"),
     ({"bogus": 1}, "unknown key"),
+    ({"reserve": {"percentile": 0}}, r"reserve.percentile: must be positive"),
+    ({"reserve": {"percentile": 120}}, r"reserve.percentile: must lie in \[1, 100\]"),
+    ({"reserve": {"window_s": 0}}, "reserve.window_s: must be positive"),
+    ({"reserve": {"max_samples": 2.5}}, "reserve.max_samples: must be a whole number"),
+    ({"reserve": {"learn": "yes"}}, "reserve.learn: must be true or false"),
+    ({"reserve": {"max_s": 1.0}}, r"reserve.max_s < ttft_budget_s"),
+    ({"reserve": {"min_s": 0.4, "max_s": 0.3}}, r"reserve.min_s <= reserve.max_s"),
+    ({"ttft_budget_s": 0.3, "reserve": {"min_s": 0.2}}, "max_s unset is half of it"),
+    ({"reserve": {"colour": 1}}, "reserve: unknown key"),
+    ({"routing": {"spill": "sometimes"}}, "routing.spill: must be one of cost, full, never"),
 ])
 def test_bad_configs_name_the_key(raw: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
