@@ -5,8 +5,10 @@ tests/documents/data were written so by the code before the documents were typed
 literals: main at 7b05dad, the fleet sweep again at d6d5bb3, when the fleet core's shed
 counters gained `key_limit`, and the thermal twin sweep again at df64e4f, the untyped code with
 decode runs under the thermal model, which moved the last bit of three figures: a TPOT p99 of
-117.97500766540648 became ...647), and tests/documents/test_round_trip.py checks that the typed
-code writes the same bytes. Regenerate them (and say why in the commit) only when a change to
+117.97500766540648 became ...647; the fleet sweep and the plan's doubled-traffic runs again
+for issue 23, when the fleet core learned each replica's prefill reserve by default and the
+fleet block gained learn_reserve, spill and reserve_s), and
+tests/documents/test_round_trip.py checks that the typed code writes the same bytes. Regenerate them (and say why in the commit) only when a change to
 the engine model, the fleet core or the metrics is meant to change the figures.
 """
 
