@@ -8,8 +8,9 @@ decode runs under the thermal model, which moved the last bit of three figures: 
 117.97500766540648 became ...647; the fleet sweep and the plan's doubled-traffic runs again
 for issue 23, when the fleet core learned each replica's prefill reserve by default and the
 fleet block gained learn_reserve, spill and reserve_s), and
-tests/documents/test_round_trip.py checks that the typed code writes the same bytes. Regenerate them (and say why in the commit) only when a change to
-the engine model, the fleet core or the metrics is meant to change the figures.
+tests/documents/test_round_trip.py checks that the typed code writes the same bytes.
+Regenerate them (and say why in the commit) only when a change to the engine model, the
+fleet core or the metrics is meant to change the figures.
 """
 
 from __future__ import annotations
