@@ -158,6 +158,7 @@ class FleetParity:
     # the gateway's own TTFT histogram: (streams whose first chunk came within the TTFT
     # budget of their arrival, streams)
     gateway_ttft_met: tuple[int, int] = (0, 0)
+    routes: dict[str, int] = field(default_factory=dict)  # the gateway's admissions by rule
 
     def common(self) -> list[str]:
         return sorted(set(self.twin) & set(self.live))
@@ -295,6 +296,7 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
 
             res = asyncio.run(main())
             reserves = {n: g.gateway.fleet.ac.reserve_s(n) for n in names}
+            routes = {str(k): v for k, v in g.gateway.fleet.core.num_routes.items()}
             ttft = g.gateway.metrics.ttft
             within = sum(c for bound, c in zip(ttft.bounds, ttft.counts, strict=False)
                          if bound <= fleet.ttft_budget_s)
@@ -318,4 +320,4 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
     offer_order = [args[0].request_id for _, name, args, _ in calls.calls if name == "offer"]
     return FleetParity(twin, live, twin_point, live_point, max_in_flight_from_trace(trace), res,
                        twin_records, replay_agreement, offer_order, reserves,
-                       (within, ttft.count))
+                       (within, ttft.count), routes)
