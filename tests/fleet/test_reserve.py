@@ -40,11 +40,13 @@ def test_the_configured_reserve_holds_until_there_is_data_then_floors_thin_data(
     assert est.observe(0.05, 1.0) is False  # thin data: the prior is a floor
     assert est.value_s == 0.2
     assert est.observe(0.3, 1.1) is True  # above the prior: it counts at once
-    assert est.value_s == pytest.approx(0.05 + 0.99 * 0.25)
+    assert est.percentile_s() == pytest.approx(0.05 + 0.99 * 0.25)  # 0.2975
+    assert est.value_s == pytest.approx(0.30)  # up to a whole 10 ms
     est2 = ReserveEstimator(0.2, LEARN, 0.5)
     for i in range(4):  # min_samples reached: the data alone, even below the prior
         est2.observe(0.10 + 0.01 * i, float(i))
-    assert est2.value_s == pytest.approx(0.10 + 0.03 * 0.99 + 0.0, abs=1e-3)
+    assert est2.percentile_s() == pytest.approx(0.1297)
+    assert est2.value_s == pytest.approx(0.13)
 
 
 def test_the_percentile_is_linear_between_ranks() -> None:
@@ -52,6 +54,18 @@ def test_the_percentile_is_linear_between_ranks() -> None:
     for i, x in enumerate((0.4, 0.1, 0.3, 0.2)):
         est.observe(x, float(i))
     assert est.percentile_s() == pytest.approx(0.25)  # halfway between 0.2 and 0.3
+
+
+def test_the_reserve_moves_in_whole_steps() -> None:
+    """Rounded up to 10 ms: a percentile that moves within a step leaves the reserve (and the
+    queue's deadlines) alone."""
+    est = ReserveEstimator(0.0, ReserveSettings(min_samples=1, percentile=100.0), 0.5)
+    assert est.observe(0.2, 0.0) is True and est.value_s == pytest.approx(0.2)
+    assert est.observe(0.203, 1.0) is True and est.value_s == pytest.approx(0.21)
+    assert est.observe(0.207, 2.0) is False and est.value_s == pytest.approx(0.21)
+    fine = ReserveEstimator(0.0, ReserveSettings(min_samples=1, resolution_s=0.001), 0.5)
+    fine.observe(0.2031, 0.0)
+    assert fine.value_s == pytest.approx(0.204)
 
 
 def test_the_reserve_is_bounded_above_and_below() -> None:
@@ -82,7 +96,8 @@ def test_bad_reserve_settings_are_refused_with_a_reason() -> None:
     for bad in (ReserveSettings(window_s=0.0), ReserveSettings(percentile=0.0),
                 ReserveSettings(percentile=101.0), ReserveSettings(min_samples=0),
                 ReserveSettings(max_s=1.0), ReserveSettings(min_s=0.3, max_s=0.2),
-                ReserveSettings(window_s=float("inf"))):
+                ReserveSettings(window_s=float("inf")), ReserveSettings(resolution_s=0.0),
+                ReserveSettings(resolution_s=0.5)):
         with pytest.raises(ChatfleetError):
             controller({"a": 1}, reserve=bad)
     controller({"a": 1}, reserve=ReserveSettings(learn=False, max_s=5.0))  # unused: fine

@@ -66,6 +66,7 @@ def test_the_documented_example_loads() -> None:
     ({"reserve": {"min_s": 0.4, "max_s": 0.3}}, r"reserve.min_s <= reserve.max_s"),
     ({"ttft_budget_s": 0.3, "reserve": {"min_s": 0.2}}, "max_s unset is half of it"),
     ({"reserve": {"colour": 1}}, "reserve: unknown key"),
+    ({"reserve": {"resolution_s": 1}}, r"reserve.resolution_s: must lie in \[0.001, 0.1\]"),
     ({"routing": {"spill": "sometimes"}}, "routing.spill: must be one of cost, full, never"),
 ])
 def test_bad_configs_name_the_key(raw: dict[str, object], message: str) -> None:

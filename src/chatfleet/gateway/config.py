@@ -377,7 +377,9 @@ def _reserve(raw: Mapping[str, Any]) -> ReserveSettings:
         min_samples=_num(raw, "min_samples", d.min_samples, "reserve", integer=True),
         min_s=_num(raw, "min_s", d.min_s, "reserve", positive=False),
         max_s=None if raw.get("max_s") is None else _num(raw, "max_s", 0.0, "reserve",
-                                                         positive=False))
+                                                         positive=False),
+        resolution_s=_bounded(_num(raw, "resolution_s", d.resolution_s, "reserve"),
+                              (0.001, 0.1), "reserve.resolution_s"))
 
 
 def _bounded(value: Any, bounds: tuple[float, float] | None, where: str) -> Any:

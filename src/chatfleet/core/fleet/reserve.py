@@ -16,6 +16,12 @@ A queued request is shed when its expected first token would miss the target:
   (`max_s` unset: half the TTFT budget, so a queued request always has half of it to wait
   for a slot).
 
+The learned value is rounded up to a whole `resolution_s` (10 ms): a percentile moves a
+little with almost every sample, and each move of a reserve moves the deadlines of the
+requests queued for its replica (a pass over the queue, a timer re-armed); rounded, it moves
+when it crosses a step (measured in the twin's doubled-traffic hour: 132,725 events against
+55,768 with the fixed reserve, before rounding).
+
 The window holds the samples observed in the last `window_s` seconds before the newest one,
 and at most `max_samples` of them (the oldest leave first). The reserve changes only when a
 sample arrives, so a shell that arms a timer for the queue's next deadline after each call is
@@ -46,6 +52,7 @@ class ReserveSettings:
     min_samples: int = 20
     min_s: float = 0.0
     max_s: float | None = None  # None: half the TTFT budget
+    resolution_s: float = 0.01  # the learned value is rounded up to a whole one of these
 
     def ceiling_s(self, ttft_budget_s: float) -> float:
         """The highest reserve: `max_s`, or half the TTFT budget."""
@@ -60,6 +67,8 @@ class ReserveSettings:
                                  "least 1")
         if not 0 < self.percentile <= 100:
             raise ChatfleetError("reserve.percentile must lie in (0, 100]")
+        if not (math.isfinite(self.resolution_s) and 0 < self.resolution_s <= 0.1):
+            raise ChatfleetError("reserve.resolution_s must lie in (0, 0.1]")
         ceiling = self.ceiling_s(ttft_budget_s)
         if not (math.isfinite(self.min_s) and math.isfinite(ceiling)
                 and 0 <= self.min_s <= ceiling < ttft_budget_s):
@@ -70,7 +79,7 @@ class ReserveSettings:
         """Pickled by its fields (the compiled form of a frozen dataclass refuses pickle's
         default way)."""
         return (ReserveSettings, (self.learn, self.window_s, self.max_samples, self.percentile,
-                                  self.min_samples, self.min_s, self.max_s))
+                                  self.min_samples, self.min_s, self.max_s, self.resolution_s))
 
 
 class ReserveEstimator:
@@ -125,6 +134,8 @@ class ReserveEstimator:
         p = self.percentile_s()
         if p is None:
             return self.prior_s
+        step = s.resolution_s
+        p = math.ceil(round(p / step, 9)) * step  # up to a whole step (9 places: 0.3 stays)
         bounded = min(self.ceiling_s, max(s.min_s, p))
         if len(self._sorted) < s.min_samples:
             return max(self.prior_s, bounded)
