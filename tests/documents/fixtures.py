@@ -5,12 +5,9 @@ tests/documents/data were written so by the code before the documents were typed
 literals: main at 7b05dad, the fleet sweep again at d6d5bb3, when the fleet core's shed
 counters gained `key_limit`, and the thermal twin sweep again at df64e4f, the untyped code with
 decode runs under the thermal model, which moved the last bit of three figures: a TPOT p99 of
-117.97500766540648 became ...647; the fleet sweep and the plan's doubled-traffic runs again
-for issue 23, when the fleet core learned each replica's prefill reserve by default and the
-fleet block gained learn_reserve, spill and reserve_s), and
-tests/documents/test_round_trip.py checks that the typed code writes the same bytes.
-Regenerate them (and say why in the commit) only when a change to the engine model, the
-fleet core or the metrics is meant to change the figures.
+117.97500766540648 became ...647), and tests/documents/test_round_trip.py checks that the typed
+code writes the same bytes. Regenerate them (and say why in the commit) only when a change to
+the engine model, the fleet core or the metrics is meant to change the figures.
 """
 
 from __future__ import annotations
@@ -27,12 +24,15 @@ RUNS: dict[str, list[str]] = {
                         "--range-ratio", "0.5", "--concurrency", "1,8,32", "--rate", "0.5,4",
                         "--refine", "--thermal"],
     # a fleet of two behind the gateway's admission and routing: the point's fleet block
+    # (written again for issue 23, when the fleet learned each replica's prefill reserve by
+    # default and the block gained learn_reserve, spill and reserve_s)
     "twin-fleet-sweep.json": [*TWIN, "--concurrency", "8,40", "--replicas", "2", "--cap", "6",
                               "--queue-depth", "4"],
     # the vLLM engine model
     "twin-vllm-sweep.json": [*TWIN, "--engine-model", "vllm", "--concurrency", "1,16",
                              "--rate", "1", "--arrival", "gamma:0.5"],
-    # the plan: twin sweeps of both precisions, the recommendation, doubled traffic
+    # the plan: twin sweeps of both precisions, the recommendation, doubled traffic (whose
+    # runs were written again for issue 23: the gateway's learned reserve)
     "plan.json": ["plan", "--users", "30", "--grid", "1,4,16", "--rates", "0.5,2",
                   "--duration", "20", "--warmup", "5", "--doubling-hours", "0.01"],
     # a plan that finds no precision meeting the target

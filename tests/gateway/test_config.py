@@ -27,13 +27,18 @@ def test_the_documented_example_loads() -> None:
     assert cfg.is_admin("1234") and not cfg.is_admin("password")
     assert cfg.shared_prompt.mode == "own" and len(cfg.shared_prompt.tools) == 1
     assert cfg.state.gateways == 2 and parse_config({}).state.gateways == 0
-    assert cfg.reserve.learn and cfg.reserve.percentile == 99 and cfg.reserve.max_s is None
-    assert cfg.routing.spill == "cost"
-    assert parse_config({"reserve": {"learn": False, "max_s": 5}}).reserve.learn is False
-    assert parse_config({"routing": {"spill": "never"}}).routing.spill == "never"
     over = Overrides(("http://127.0.0.1:9000",), cap=3, queue_depth=0).apply(cfg)
     assert [r.name for r in over.replicas] == ["127.0.0.1:9000"]
     assert (over.cap, over.queue_depth) == (3, 0)
+
+
+def test_the_reserve_and_the_spill_rule_load_with_their_defaults() -> None:
+    cfg = load_config(EXAMPLE)
+    assert cfg.reserve.learn and cfg.reserve.percentile == 99 and cfg.reserve.max_s is None
+    assert cfg.reserve.resolution_s == 0.01 and cfg.routing.spill == "cost"
+    assert parse_config({}).reserve == cfg.reserve
+    assert parse_config({"reserve": {"learn": False, "max_s": 5}}).reserve.learn is False
+    assert parse_config({"routing": {"spill": "never"}}).routing.spill == "never"
 
 
 @pytest.mark.parametrize(("raw", "message"), [
