@@ -40,7 +40,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
   VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_SERVER_DEV_MODE=1
 MODEL=/tmp/qwen3-8b-random
-WORK=/tmp/cf
+WORK=${WORK:-/tmp/cf}
 mkdir -p "$WORK" ~/.cache/huggingface/hub
 cf() { taskset -c $CLIENT_CPUS python3 -c 'from chatfleet.cli import main; main()' "$@"; }
 health() { python3 -c "import urllib.request; urllib.request.urlopen('$1/health', timeout=2)" 2>/dev/null; }
@@ -94,6 +94,71 @@ step_up() {
       --duration 6 --warmup 0 --drain 30 --no-flush --out $WORK/warm-$port >/dev/null 2>&1
   done
   echo "warmed"
+}
+
+# step promise (issue 23), about 5 minutes: the gateway over B and C (cap 16 each) with its
+# default config (each replica's prefill reserve learned) at 1.5x and 3x the fleet's cap (48
+# and 96 users, 4-turn sessions on the shared prompt, 30 s windows); then 8-turn sessions with
+# long answers (history past the shared prompt) at 40 users, affinity off, on (spill when
+# waiting costs more than recomputing: `cost`) and strict (`never`); AFFINITY_MODES="off cost
+# full never" adds bounded-load spill. Results: $OUT/promise.tgz (docs/device/README.md).
+gw_start() {  # name [config file]: the gateway over B and C, cap 16 each, on :8080
+  local cfg=(); [ -n "${2:-}" ] && cfg=(--config "$2")
+  setsid taskset -c $CLIENT_CPUS python3 -c 'from chatfleet.cli import main; main()' gateway \
+    --replica http://127.0.0.1:8002 --replica http://127.0.0.1:8003 --cap 16 --queue-depth 64 \
+    --port 8080 "${cfg[@]}" > $WORK/promise/gateway-$1.log 2>&1 < /dev/null &
+  GW=$!
+  wait_up http://127.0.0.1:8080 || { kill -9 -$GW 2>/dev/null; return 1; }
+  python3 benchmarks/device/replica_sampler.py --engine $ENGINE --url http://127.0.0.1:8002 \
+    --url http://127.0.0.1:8003 --seconds 400 --out $WORK/promise/samples-$1.jsonl \
+    --summary $WORK/promise/replicas-$1.json > /dev/null &
+  SMP=$!
+}
+gw_stop() {  # name: the gateway's metrics (its learned reserves, routes, sheds), then stop
+  kill -INT $SMP; wait $SMP
+  curl -s http://127.0.0.1:8080/metrics > $WORK/promise/gateway-metrics-$1.txt
+  grep -E '^chatfleet_gateway_(prefill_reserve_seconds|routes_total|shed_total)' \
+    $WORK/promise/gateway-metrics-$1.txt | tr '\n' ' '; echo
+  kill -INT -$GW 2>/dev/null; sleep 2; kill -9 -$GW 2>/dev/null
+  echo "$1: $(tr -d '\n ' < $WORK/promise/replicas-$1.json)"
+}
+flush_bc() {
+  for port in 8002 8003; do
+    curl -s -X POST http://127.0.0.1:$port$FLUSH_PATH -o /dev/null -w "flush $port: %{http_code}\n"
+  done
+}
+
+step_promise() {
+  mkdir -p $WORK/promise
+  # the shared prompt is on every replica; a spill is priced on the H200's (uncalibrated) model
+  local routing='  shared_prefix_tokens: 2048\n  gpu: h200\n  weights: bf16\n  kv_cache: bf16\n'
+  printf "routing:\n$routing" > $WORK/promise/learned.yaml
+  # item 1: the default config (reserve learned, prefill_reserve_s 0 its prior), 1.5x and 3x
+  flush_bc
+  if gw_start learned $WORK/promise/learned.yaml; then
+    cf sweep --target http://127.0.0.1:8080 --engine $ENGINE "${COMMON[@]}" --no-flush \
+      --concurrency 48,96 --turns 4 --lengths uniform --input-len 256 --output-len 128 \
+      --range-ratio 0.5 --range-convention vllm --system-prompt-tokens 2048 --duration 30 \
+      --warmup 5 --drain 30 --out $WORK/promise/sweep-learned | tail -7
+    gw_stop learned
+  fi
+  # item 3: 8 turns, long answers (192 in / 256 out, range ratio 0.5: up to 7,400 tokens with
+  # the template by the 8th turn, within --max-model-len 8192), 40 users (1.25x the cap)
+  for mode in ${AFFINITY_MODES:-off cost never}; do
+    case $mode in
+      off) printf "routing:\n$routing  affinity: false\n" ;;
+      cost) printf "routing:\n$routing" ;;
+      *) printf "routing:\n$routing  spill: $mode\n" ;;
+    esac > $WORK/promise/affinity-$mode.yaml
+    flush_bc
+    gw_start affinity-$mode $WORK/promise/affinity-$mode.yaml || continue
+    cf sweep --target http://127.0.0.1:8080 --engine $ENGINE "${COMMON[@]}" --no-flush \
+      --concurrency 40 --turns 8 --lengths uniform --input-len 192 --output-len 256 \
+      --range-ratio 0.5 --range-convention vllm --system-prompt-tokens 2048 --duration 30 \
+      --warmup 25 --drain 30 --out $WORK/promise/sweep-affinity-$mode | tail -6
+    gw_stop affinity-$mode
+  done
+  pack promise
 }
 
 step_power() {

@@ -52,9 +52,9 @@ NATIVE_MODULES = (
     "core/engine/step.py", "core/engine/step_time.py", "core/engine/steplog.py",
     "core/engine/thermal.py", "core/engine/tree_node.py", "core/engine/vllm_scheduler.py",
     "core/workload/lengths.py", "core/workload/load.py", "core/workload/sessions.py",
-    "core/fleet/admission.py", "core/fleet/fairshare.py", "core/fleet/fleet.py",
-    "core/fleet/health.py", "core/fleet/routing.py", "core/fleet/session.py",
-    "core/fleet/waiting.py",
+    "core/fleet/admission.py", "core/fleet/drain.py", "core/fleet/fairshare.py",
+    "core/fleet/fleet.py", "core/fleet/health.py", "core/fleet/reserve.py",
+    "core/fleet/routing.py", "core/fleet/session.py", "core/fleet/waiting.py",
     "core/measure/itl.py", "core/measure/percentiles.py", "core/measure/request.py",
     "core/records.py", "twin/events.py", "twin/loop.py", "twin/fleet.py",
 )

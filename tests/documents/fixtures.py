@@ -27,12 +27,15 @@ RUNS: dict[str, list[str]] = {
                         "--range-ratio", "0.5", "--concurrency", "1,8,32", "--rate", "0.5,4",
                         "--refine", "--thermal"],
     # a fleet of two behind the gateway's admission and routing: the point's fleet block
+    # (written again for issue 23, when the fleet learned each replica's prefill reserve by
+    # default and the block gained learn_reserve, spill and reserve_s)
     "twin-fleet-sweep.json": [*TWIN, "--concurrency", "8,40", "--replicas", "2", "--cap", "6",
                               "--queue-depth", "4"],
     # the vLLM engine model
     "twin-vllm-sweep.json": [*TWIN, "--engine-model", "vllm", "--concurrency", "1,16",
                              "--rate", "1", "--arrival", "gamma:0.5"],
-    # the plan: twin sweeps of both precisions, the recommendation, doubled traffic
+    # the plan: twin sweeps of both precisions, the recommendation, doubled traffic (whose
+    # runs were written again for issue 23: the gateway's learned reserve)
     "plan.json": ["plan", "--users", "30", "--grid", "1,4,16", "--rates", "0.5,2",
                   "--duration", "20", "--warmup", "5", "--doubling-hours", "0.01"],
     # a plan that finds no precision meeting the target

@@ -260,6 +260,39 @@ def test_a_short_history_spills_at_the_wait_a_long_one_waits_out() -> None:
     assert choice.rule == "spill" and choice.replica == "b"
 
 
+def test_strict_stickiness_never_leaves_a_hot_home() -> None:
+    """spill="never": a new session (nothing to recompute) whose home is at its cap waits for
+    it, though the other replica is idle; with room at home it goes home as always."""
+    key = key_homed_at("a", ["a", "b"])
+    router = Router(L4_BF16, shared_prefix_tokens=SHARED, spill="never")
+    hot = View({"a": 4, "b": 4}, busy={"a": 4})
+    choice = router.choose(session(key, returning=False), hot, 0.0)
+    assert (choice.rule, choice.replica) == ("wait", "a")
+    assert Router(L4_BF16, shared_prefix_tokens=SHARED).choose(
+        session(key, returning=False), hot, 0.0).replica == "b"  # the default spills
+    assert router.choose(session(key), View({"a": 4, "b": 4}, busy={"a": 3}),
+                         0.0).replica == "a"
+
+
+def test_bounded_load_spills_whenever_home_is_hot() -> None:
+    """spill="full": the 8,192-token session that waits out a 0.5 s wait under the default
+    rule (recomputing costs 1.937 s) moves at once."""
+    key = key_homed_at("a", ["a", "b"])
+    view = View({"a": 4, "b": 4}, busy={"a": 4, "b": 1}, rates={"a": 2.0})
+    assert Router(L4_BF16, shared_prefix_tokens=SHARED).choose(
+        session(key, 8192), view, 0.0).rule == "wait"
+    choice = Router(L4_BF16, shared_prefix_tokens=SHARED, spill="full").choose(
+        session(key, 8192), view, 0.0)
+    assert (choice.rule, choice.replica) == ("spill", "b")
+    full = View({"a": 4, "b": 4}, busy={"a": 4, "b": 4})
+    assert Router(L4_BF16, spill="full").choose(session(key), full, 0.0).rule == "all_full"
+
+
+def test_an_unknown_spill_rule_is_refused() -> None:
+    with pytest.raises(ValueError, match="spill must be one of"):
+        Router(L4_BF16, spill="sometimes")  # type: ignore[arg-type]
+
+
 def test_without_a_shared_prefix_the_whole_prompt_is_the_cost() -> None:
     router = Router(L4_BF16)
     assert router.recompute_cost_s(8192) == pytest.approx(L4_BF16.recompute_s(8192))

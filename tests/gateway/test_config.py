@@ -33,6 +33,15 @@ def test_the_documented_example_loads() -> None:
     assert (over.cap, over.queue_depth) == (3, 0)
 
 
+def test_the_reserve_and_the_spill_rule_load_with_their_defaults() -> None:
+    cfg = load_config(EXAMPLE)
+    assert cfg.reserve.learn and cfg.reserve.percentile == 99 and cfg.reserve.max_s is None
+    assert cfg.reserve.resolution_s == 0.01 and cfg.routing.spill == "cost"
+    assert parse_config({}).reserve == cfg.reserve
+    assert parse_config({"reserve": {"learn": False, "max_s": 5}}).reserve.learn is False
+    assert parse_config({"routing": {"spill": "never"}}).routing.spill == "never"
+
+
 @pytest.mark.parametrize(("raw", "message"), [
     ({"cap": -1}, "cap"),
     ({"cap": "8"}, "must be a number"),
@@ -55,6 +64,17 @@ def test_the_documented_example_loads() -> None:
     ({"shared_prompt": {"mode": "mine"}}, "shared_prompt"),
     ({"ttft_budget_s": 0.5, "prefill_reserve_s": 0.5}, "prefill_reserve_s"),
     ({"bogus": 1}, "unknown key"),
+    ({"reserve": {"percentile": 0}}, r"reserve.percentile: must be positive"),
+    ({"reserve": {"percentile": 120}}, r"reserve.percentile: must lie in \[1, 100\]"),
+    ({"reserve": {"window_s": 0}}, "reserve.window_s: must be positive"),
+    ({"reserve": {"max_samples": 2.5}}, "reserve.max_samples: must be a whole number"),
+    ({"reserve": {"learn": "yes"}}, "reserve.learn: must be true or false"),
+    ({"reserve": {"max_s": 1.0}}, r"reserve.max_s < ttft_budget_s"),
+    ({"reserve": {"min_s": 0.4, "max_s": 0.3}}, r"reserve.min_s <= reserve.max_s"),
+    ({"ttft_budget_s": 0.3, "reserve": {"min_s": 0.2}}, "max_s unset is half of it"),
+    ({"reserve": {"colour": 1}}, "reserve: unknown key"),
+    ({"reserve": {"resolution_s": 1}}, r"reserve.resolution_s: must lie in \[0.001, 0.1\]"),
+    ({"routing": {"spill": "sometimes"}}, "routing.spill: must be one of cost, full, never"),
 ])
 def test_bad_configs_name_the_key(raw: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

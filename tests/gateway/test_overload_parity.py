@@ -17,24 +17,27 @@ from pathlib import Path
 import pytest
 
 from chatfleet.core.documents.sweep import ClosedLoad, OpenLoad
-from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.build import EngineSpec, step_time_model
+from chatfleet.core.fleet.fleet import FleetTrace, replay
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.jobs.parity import run_fleet_parity
-from chatfleet.twin.fleet import FleetConfig
+from chatfleet.twin.fleet import FleetConfig, run_fleet_point
 
 SPEC = EngineSpec(get_gpu("l4"), builtin_model("qwen3-8b"), precision("fp8", "fp8"))
 # short turns so that a 20-30 s run holds a few hundred requests; a 256-token shared prompt
 WCFG = WorkloadConfig(system_prompt_tokens=256, lengths=LengthSpec("fixed", 64, 32), turns=2,
                       think_time_s=0.5)
 # 2 replicas, 4 in flight each, 4 waiting at most; 0.2 s of the 1 s TTFT budget is kept for
-# the prefill, so a request admitted from the queue still makes its first token in time
-# the gateway-to-engine hop the twin models (a request admitted from the queue misses the
-# step that starts as the slot frees, as it does live): measured about 1 ms each way plus the
-# end of the stream's relay, docs/gateway.md
+# the prefill until each replica's reserve is learned (from admission -> first byte), so a
+# request admitted from the queue still makes its first token in time; the gateway-to-engine
+# hop the twin models (a request admitted from the queue misses the step that starts as the
+# slot frees, as it does live): measured about 1 ms each way plus the end of the stream's
+# relay, docs/gateway.md
 FLEET = FleetConfig(replicas=2, cap=4, queue_depth=4, ttft_budget_s=1.0, prefill_reserve_s=0.2,
                     hop_s=0.002)
+NAMES = ["replica-0", "replica-1"]  # as run_fleet_parity names the live replicas
 
 
 @pytest.mark.slow
@@ -66,6 +69,10 @@ def test_three_times_the_cap_holds_the_cap_and_the_admitted_target(tmp_path: Pat
     # decisions of an overloaded fleet flip with a millisecond: see the parity test below)
     assert res.twin_point.fleet.max_in_flight == (FLEET.cap, FLEET.cap)
     assert res.twin_point.admitted_attainment >= 0.99
+    # both sides learned each replica's reserve from its first bytes (the 0.2 s prior is a
+    # floor only while the samples are few; the bound is half the budget)
+    assert all(0.0 < v <= 0.5 for v in res.reserves.values()), res.reserves
+    assert res.twin_point.fleet.reserve_s is not None
 
 
 # the parity trace: bursts of sessions, each burst meeting an idle fleet (see the test)
@@ -73,18 +80,19 @@ NUM_BURSTS, BURST_PERIOD_S, SESSIONS_PER_BURST, SESSION_GAP_S = 5, 4.5, 20, 0.02
 
 
 def burst_margins(records: list[RequestRecord], starts: list[float],
-                  queue_wait_s: float) -> tuple[float, float]:
-    """From the twin's records: (the shortest time the fleet stood idle before a burst,
-    the shortest time from a burst's last deadline shed to its first completion)."""
+                  shed_at: dict[str, float]) -> tuple[float, float]:
+    """From the twin's records and the times its deadline sheds happened (request id ->
+    time): (the shortest time the fleet stood idle before a burst, the shortest time from a
+    burst's last deadline shed to its first completion)."""
     done = [(r.scheduled_time, r.last_token_time or 0.0) for r in records if r.outcome == "ok"]
     idle = min(t - max(end for at, end in done if at < t) for t in starts[1:])
     spare = math.inf
     for t in starts:
         burst = [r for r in records if t <= r.scheduled_time < t + BURST_PERIOD_S]
-        shed_at = [r.scheduled_time + queue_wait_s for r in burst
-                   if r.outcome == "shed" and "(deadline)" in (r.error or "")]
+        last_shed = max((shed_at[r.request_id] for r in burst if r.request_id in shed_at),
+                        default=t)
         first_done = min(end for at, end in done if t <= at < t + BURST_PERIOD_S)
-        spare = min(spare, first_done - max(shed_at, default=t))
+        spare = min(spare, first_done - last_shed)
     return idle, spare
 
 
@@ -125,9 +133,18 @@ def test_the_same_trace_gets_the_same_replicas_and_decisions(tmp_path: Path) -> 
     res = run_fleet_parity(SPEC, wcfg, OpenLoad(len(times) / duration),
                            FLEET, duration_s=duration, warmup_s=2.0, seed=1,
                            trace=tmp_path / "t.jsonl", arrival_times=times)
-    # the trace's margins, in the twin (deterministic): what lets the live run agree
-    idle, spare = burst_margins(res.twin_records, starts,
-                                FLEET.ttft_budget_s - FLEET.prefill_reserve_s)
+    # the trace's margins, in the twin (deterministic): what lets the live run agree. The
+    # deadlines follow each replica's learned reserve: the sheds' times are the twin's own
+    # decisions, its traced calls replayed
+    calls = FleetTrace()
+    twin = run_fleet_point(SPEC, wcfg, OpenLoad(len(times) / duration), FLEET,
+                           duration_s=duration, warmup_s=2.0, seed=1, replica_names=NAMES,
+                           arrival_times=times, trace=calls)
+    shed_at = {d.request.request_id: d.at for d in replay(
+        calls, dict.fromkeys(NAMES, FLEET.cap), FLEET.settings(wcfg.system_prompt_tokens),
+        step_time_model(SPEC)) if d.shed and d.reason == "deadline"}
+    assert len(shed_at) >= 10
+    idle, spare = burst_margins(twin.records, starts, shed_at)
     assert idle >= 0.5 and spare >= 0.3, (idle, spare)
     assert len(res.common()) >= 130
     assert res.decision_agreement() >= 0.99, res.arrival_swaps()

@@ -50,6 +50,7 @@ from chatfleet.core.engine.build import EngineSpec, provenance_of, scaled_spec
 from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY
 from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.fleet.fleet import FleetSettings
+from chatfleet.core.fleet.routing import SPILL_RULES
 from chatfleet.core.slo import SLO
 from chatfleet.core.specs import precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
@@ -236,7 +237,15 @@ def sweep(
                                   "replica (rendezvous + spill rule), or least-loaded."),
     prefill_reserve_ms: float = typer.Option(
         0.0, help="Gateway: part of the TTFT budget kept for the prefill (a queued request is "
-        "shed at arrival + budget - this)."),
+        "shed at arrival + budget - reserve): the prior of the learned reserve, or with "
+        "--fixed-reserve the reserve."),
+    learn_reserve: bool = typer.Option(
+        True, "--learn-reserve/--fixed-reserve", help="Gateway: learn each replica's reserve "
+        "from admission -> first token (as the gateway does by default), or keep "
+        "--prefill-reserve-ms."),
+    spill: str = typer.Option("cost", help="Gateway: when a session leaves a hot home: cost "
+                              "(waiting costs more than recomputing), full (whenever another "
+                              "replica has room) or never (strict stickiness)."),
     hop_ms: float = typer.Option(
         MEASURED_HOP_S * 1000, help="Gateway <-> engine delay, one way (a request admitted "
         "from the queue misses the step already started; 2 ms matched the live gateway, "
@@ -254,6 +263,8 @@ def sweep(
         check_output_file(json_out, "--json")
         if replicas < 1 or (cap is not None and cap < 1):
             fail("--replicas and --cap must be at least 1 (leave --cap out for no gateway cap)")
+        if spill not in SPILL_RULES:
+            fail(f"--spill must be one of {', '.join(SPILL_RULES)}, not {spill!r}")
         spec = EngineSpec(
             gpu=load_gpu(gpu), model=load_model(model), precision=precision(weights, kv_cache),
             mem_fraction=mem_fraction, pool_tokens=pool_tokens,
@@ -281,7 +292,9 @@ def sweep(
             fleet = FleetConfig(replicas=replicas, cap=cap or spec.kv_pool_tokens(),
                                 queue_depth=queue_depth, ttft_budget_s=slo.ttft_ms / 1000,
                                 prefill_reserve_s=prefill_reserve_ms / 1000,
-                                affinity=affinity, hop_s=hop_ms / 1000)
+                                affinity=affinity, hop_s=hop_ms / 1000,
+                                learn_reserve=learn_reserve,
+                                spill=spill)
         sweeper = TwinSweep(spec, wcfg, slo, duration_s=duration, warmup_s=warmup, seed=seed,
                             fleet=fleet, cap_margin=cap_margin)
         title = (f"twin: {spec.model.name} on {spec.gpu.name}, {spec.precision.label}"

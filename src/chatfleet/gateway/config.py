@@ -29,6 +29,8 @@ from chatfleet.core.documents.sweep import SweepDoc
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.fleet.prompt import SharedPrompt
+from chatfleet.core.fleet.reserve import ReserveSettings
+from chatfleet.core.fleet.routing import SPILL_RULES, SpillRule
 from chatfleet.core.fleet.session import DEFAULT_SESSION_TTL_S
 from chatfleet.http.body import BodyLimits
 
@@ -134,6 +136,7 @@ class Routing:
     weights: str = "fp8"
     kv_cache: str = "fp8"
     shared_prefix_tokens: int = 0
+    spill: SpillRule = "cost"  # when a session leaves a hot home: cost, full or never
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +146,8 @@ class GatewayConfig:
     queue_depth: int = FleetSettings().queue_depth
     ttft_budget_s: float = FleetSettings().ttft_budget_s
     prefill_reserve_s: float = FleetSettings().prefill_reserve_s
+    # the reserve learned per replica (admission -> first byte); prefill_reserve_s its prior
+    reserve: ReserveSettings = field(default_factory=ReserveSettings)
     prioritize_returning: bool = FleetSettings().prioritize_returning
     max_body_bytes: int = 4 * 1024 * 1024
     debug_headers: bool = False  # x-chatfleet-replica / -route on responses
@@ -282,7 +287,7 @@ def _check_hash(value: object, where: str) -> str:
     return value
 
 
-TOP_KEYS = {"replicas", "cap", "queue_depth", "ttft_budget_s", "prefill_reserve_s",
+TOP_KEYS = {"replicas", "cap", "queue_depth", "ttft_budget_s", "prefill_reserve_s", "reserve",
             "prioritize_returning", "max_body_bytes", "debug_headers", "keys", "admin",
             "timeouts", "health", "routing", "shared_prompt", "served_model_name", "state",
             "max_connections"}
@@ -324,7 +329,8 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
         weights=_str(r_raw, "weights", rd.weights, "routing"),
         kv_cache=_str(r_raw, "kv_cache", rd.kv_cache, "routing"),
         shared_prefix_tokens=_num(r_raw, "shared_prefix_tokens", rd.shared_prefix_tokens,
-                                  "routing", positive=False, integer=True))
+                                  "routing", positive=False, integer=True),
+        spill=_spill(r_raw))
     admin = _section(raw, "admin")
     _known(admin, "admin", {"sha256"})
     admin_hash = _check_hash(admin["sha256"], "admin.sha256") if "sha256" in admin else None
@@ -340,6 +346,7 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
         ttft_budget_s=_num(raw, "ttft_budget_s", d.ttft_budget_s, "config"),
         prefill_reserve_s=_num(raw, "prefill_reserve_s", d.prefill_reserve_s, "config",
                                positive=False),
+        reserve=_reserve(_section(raw, "reserve")),
         prioritize_returning=_bool(raw, "prioritize_returning", d.prioritize_returning,
                                    "config"),
         max_body_bytes=_num(raw, "max_body_bytes", d.max_body_bytes, "config", integer=True),
@@ -351,6 +358,33 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
             _num(raw, "max_connections", 0, "config", integer=True), MAX_CONNECTIONS_BOUNDS,
             "max_connections"))
     return check(cfg)
+
+
+def _spill(raw: Mapping[str, Any]) -> SpillRule:
+    value = raw.get("spill", Routing().spill)
+    if value not in SPILL_RULES:
+        raise ConfigError(f"routing.spill: must be one of {', '.join(SPILL_RULES)}, not "
+                          f"{value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def _reserve(raw: Mapping[str, Any]) -> ReserveSettings:
+    """The `reserve` section: how the prefill reserve is learned (checked against the TTFT
+    budget in `check`)."""
+    _known(raw, "reserve", set(ReserveSettings.__dataclass_fields__))
+    d = ReserveSettings()
+    return ReserveSettings(
+        learn=_bool(raw, "learn", d.learn, "reserve"),
+        window_s=_num(raw, "window_s", d.window_s, "reserve"),
+        max_samples=_num(raw, "max_samples", d.max_samples, "reserve", integer=True),
+        percentile=_bounded(_num(raw, "percentile", d.percentile, "reserve"), (1.0, 100.0),
+                            "reserve.percentile"),
+        min_samples=_num(raw, "min_samples", d.min_samples, "reserve", integer=True),
+        min_s=_num(raw, "min_s", d.min_s, "reserve", positive=False),
+        max_s=None if raw.get("max_s") is None else _num(raw, "max_s", 0.0, "reserve",
+                                                         positive=False),
+        resolution_s=_bounded(_num(raw, "resolution_s", d.resolution_s, "reserve"),
+                              (0.001, 0.1), "reserve.resolution_s"))
 
 
 def _bounded(value: Any, bounds: tuple[float, float] | None, where: str) -> Any:
@@ -369,6 +403,11 @@ def check(cfg: GatewayConfig) -> GatewayConfig:
         raise ConfigError("replicas: the same URL appears twice")
     if cfg.prefill_reserve_s >= cfg.ttft_budget_s:
         raise ConfigError("prefill_reserve_s must be less than ttft_budget_s")
+    if cfg.reserve.learn:
+        try:
+            cfg.reserve.check(cfg.ttft_budget_s)
+        except ChatfleetError as exc:
+            raise ConfigError(str(exc)) from None
     return cfg
 
 
@@ -457,7 +496,8 @@ def config_summary(cfg: GatewayConfig) -> dict[str, Any]:
     return {"cap": cfg.cap, "queue_depth": cfg.queue_depth,
             "caps": {r.name: cfg.replica_cap(r) for r in cfg.replicas},
             "keys": {k.name: k.max_concurrent for k in cfg.keys},
-            "ttft_budget_s": cfg.ttft_budget_s,
+            "ttft_budget_s": cfg.ttft_budget_s, "prefill_reserve_s": cfg.prefill_reserve_s,
+            "reserve": asdict(cfg.reserve),
             "timeouts": asdict(cfg.timeouts)}
 
 

@@ -83,7 +83,7 @@ def fleet_settings(cfg: GatewayConfig) -> FleetSettings:
         prefill_reserve_s=cfg.prefill_reserve_s, prioritize_returning=cfg.prioritize_returning,
         affinity=cfg.routing.affinity, shared_prefix_tokens=cfg.routing.shared_prefix_tokens,
         session_ttl_s=cfg.routing.session_ttl_s, max_sessions=cfg.routing.max_sessions,
-        key_limits=key_limits(cfg))
+        key_limits=key_limits(cfg), reserve=cfg.reserve, spill=cfg.routing.spill)
 
 
 DEMAND_WINDOW_S = 5.0  # the offered rate a gateway publishes: requests over the last 5 s
@@ -273,6 +273,11 @@ class LiveFleet:
                     self.release(d.replica, req.key)
             raise
 
+    def first_byte(self, replica: str, admitted_at: float) -> None:
+        """The first byte of a stream admitted to `replica` at `admitted_at` arrived now: a
+        sample of the replica's learned reserve (the queue's deadlines may move)."""
+        self.dispatch(self.core.first_byte(replica, admitted_at, self.now()))
+
     def release(self, replica: str, key: str | None = None) -> None:
         """A request (under API key `key`) at `replica` is done with its slot."""
         self.dispatch(self.core.release(replica, self.now(), key))
@@ -328,7 +333,10 @@ class LiveFleet:
             healthy={n: r.serving for n, r in self.replicas.items()},
             sessions=sessions, routes={str(k): v for k, v in self.core.num_routes.items()},
             state_up=int(self.state_up), others=dict(self.others),
-            session_bytes=session_bytes)
+            session_bytes=session_bytes,
+            reserves={n: self.ac.reserve_s(n) for n in self.replicas},
+            reserve_samples={n: len(est) for n, est in self.ac.reserves().items()
+                             if n in self.replicas})
 
     def close(self) -> None:
         if self._timer is not None:

@@ -102,6 +102,10 @@ class Gauges:
     state_up: int = 1  # 0 while the shared store is unreachable
     others: dict[str, int] = field(default_factory=dict)  # slots other gateways hold
     session_bytes: int = 0  # the session table's size, as core/fleet/session.py counts it
+    # per replica: the reserve its queued requests' deadlines keep (learned, or configured),
+    # and the admission -> first byte samples in its window
+    reserves: dict[str, float] = field(default_factory=dict)
+    reserve_samples: dict[str, int] = field(default_factory=dict)
 
 
 class _Collector:
@@ -171,11 +175,21 @@ class _Collector:
              "per replica (shared state)."),
             ("replica_healthy", {k: int(v) for k, v in g.healthy.items()},
              "1 when the replica takes requests, 0 when ejected or not yet probed."),
+            ("reserve_samples", g.reserve_samples, "Admission -> first byte samples in the "
+             "replica's learning window."),
         ):
             fam = GaugeMetricFamily(PREFIX + name, doc, labels=["replica"])
             for k, v in sorted(values.items()):
                 fam.add_metric([k], v)
             yield fam
+        reserve = GaugeMetricFamily(
+            PREFIX + "prefill_reserve_seconds", "The part of the TTFT budget a queued request "
+            "must have left to be admitted to the replica: its learned admission -> first "
+            "byte time (the configured prefill_reserve_s until it has data).",
+            labels=["replica"])
+        for k, seconds in sorted(g.reserves.items()):
+            reserve.add_metric([k], seconds)
+        yield reserve
 
 
 def registry(m: GatewayMetrics, gauges: Callable[[], Gauges]) -> CollectorRegistry:

@@ -102,6 +102,11 @@ SCHEMAS: dict[str, Schema] = {
             "caps": {"type": "object", "additionalProperties": _INT},
             "keys": {"type": "object", "additionalProperties": _nullable(_INT)},
             "ttft_budget_s": _NUM,
+            "prefill_reserve_s": {**_NUM, "description": "the reserve before a replica's is "
+                                  "learned (or always, reserve.learn false)"},
+            "reserve": {"type": "object", "description": "how each replica's reserve is "
+                        "learned: the config's reserve section (learn, window_s, max_samples, "
+                        "percentile, min_samples, min_s, max_s, resolution_s)"},
             "timeouts": {"type": "object", "additionalProperties": _NUM},
         },
     },

@@ -160,7 +160,7 @@ class Relay:
             assert slot.replica is not None
             replica = slot.replica
             rep = fleet.replicas.get(replica)
-            ex = Exchange(fleet.loop, self._timer(call) if call.stream else None,
+            ex = Exchange(fleet.loop, self._timer(call, slot) if call.stream else None,
                           keep_body=not call.stream)
             # a stream's head comes at once; a whole answer's when it is done
             head_s = t.first_byte_s if call.stream else max(
@@ -233,15 +233,21 @@ class Relay:
             return Relayed(failure, Outcome.ERROR)
         return _shed(d, call)
 
-    def _timer(self, call: Call) -> Any:
+    def _timer(self, call: Call, slot: Slot) -> Any:
+        """The stream's clock: TTFT and ITL into the metrics, and the first chunk's time
+        since admission to the fleet (a sample of the replica's learned reserve)."""
         m = self.metrics
+        fleet = self.fleet
         last: float | None = None
+        replica, decision = slot.replica, slot.decision
 
         def on_chunks(n: int, now: float) -> None:
             nonlocal last
             m.chunks += n
             if last is None:
                 m.ttft.observe(now - call.arrival)
+                if replica is not None and decision is not None:
+                    fleet.first_byte(replica, decision.at)
                 n -= 1
             elif n:
                 m.itl.observe((now - last) / n, n)

@@ -19,6 +19,7 @@ from chatfleet.core.defaults import TWIN_DRAIN_S
 from chatfleet.core.documents.sweep import ClosedLoad, EngineBlock, Load, SweepPoint
 from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.fleet.fleet import FleetTrace, replay
+from chatfleet.core.fleet.reserve import ReserveSettings
 from chatfleet.core.measure.percentiles import percentiles
 from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
@@ -153,6 +154,11 @@ class FleetParity:
     twin_records: list[Any]
     replay_agreement: float  # the gateway's traced core calls replayed: same decisions
     offer_order: list[str] = field(default_factory=list)  # request ids, as the gateway took them
+    reserves: dict[str, float] = field(default_factory=dict)  # the gateway's, at the end
+    # the gateway's own TTFT histogram: (streams whose first chunk came within the TTFT
+    # budget of their arrival, streams)
+    gateway_ttft_met: tuple[int, int] = (0, 0)
+    routes: dict[str, int] = field(default_factory=dict)  # the gateway's admissions by rule
 
     def common(self) -> list[str]:
         return sorted(set(self.twin) & set(self.live))
@@ -272,8 +278,10 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
                         fleet.cap, fleet.queue_depth).apply(GatewayConfig(
                             ttft_budget_s=fleet.ttft_budget_s,
                             prefill_reserve_s=fleet.prefill_reserve_s,
+                            reserve=ReserveSettings(learn=fleet.learn_reserve),
                             routing=Routing(affinity=fleet.affinity,
-                                            shared_prefix_tokens=wcfg.system_prompt_tokens)))
+                                            shared_prefix_tokens=wcfg.system_prompt_tokens,
+                                            spill=fleet.spill)))
         gw = Gateway(cfg, decisions=log, step_time=step_time_model(spec), fleet_trace=calls)
         with gateway_in_thread(gw) as g:
             async def main() -> DriveResult:
@@ -287,6 +295,11 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
                                        session_header="X-Session-ID")
 
             res = asyncio.run(main())
+            reserves = {n: g.gateway.fleet.ac.reserve_s(n) for n in names}
+            routes = {str(k): v for k, v in g.gateway.fleet.core.num_routes.items()}
+            ttft = g.gateway.metrics.ttft
+            within = sum(c for bound, c in zip(ttft.bounds, ttft.counts, strict=False)
+                         if bound <= fleet.ttft_budget_s)
     decided: dict[str, tuple[str, str | None]] = {}
     for row in log.rows:
         if row.outcome != "queued":
@@ -306,4 +319,5 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
     replay_agreement = same / max(len(replayed), len(logged), 1)
     offer_order = [args[0].request_id for _, name, args, _ in calls.calls if name == "offer"]
     return FleetParity(twin, live, twin_point, live_point, max_in_flight_from_trace(trace), res,
-                       twin_records, replay_agreement, offer_order)
+                       twin_records, replay_agreement, offer_order, reserves,
+                       (within, ttft.count), routes)

@@ -7,7 +7,10 @@ the one queue; shed ones get a Retry-After. A shed closed-loop user waits its Re
 tries again (a new attempt, recorded separately); a shed open-loop session ends. Completions
 release their replica's slot, which admits from the queue; deadlines are checked when the
 controller says the next one falls. The router learns each session's token counts from its
-turns' usage (prompt and cached tokens), as the gateway does, never by tokenizing.
+turns' usage (prompt and cached tokens), as the gateway does, never by tokenizing; the
+admission controller learns each replica's reserve (admission -> first byte) from the first
+token of each request, seen at the gateway one hop after the engine made it, as the gateway
+sees the first byte of each stream.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
+from chatfleet.core.fleet.reserve import ReserveSettings
+from chatfleet.core.fleet.routing import SPILL_RULES, SpillRule
 from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.slo import SLO
@@ -62,10 +67,16 @@ class FleetConfig:
     # a finished one frees its slot at the gateway this much later. With a delay, a request
     # admitted from the queue misses the step that starts as the slot frees (as it does live)
     hop_s: float = 0.0
+    # the deadline's reserve learned per replica (core/fleet/reserve.py, its default
+    # settings, as the gateway's), prefill_reserve_s the prior; False: prefill_reserve_s always
+    learn_reserve: bool = True
+    spill: SpillRule = "cost"  # when a session leaves a hot home (core/fleet/routing.py)
 
     def __post_init__(self) -> None:
         if self.hop_s < 0:
             raise ChatfleetError("hop_s must not be negative")
+        if self.spill not in SPILL_RULES:
+            raise ChatfleetError(f"spill must be one of {', '.join(SPILL_RULES)}")
         if self.replicas < 1 or self.cap < 1 or self.queue_depth < 0:
             raise ChatfleetError("a fleet needs at least 1 replica, a cap of at least 1 and a "
                                  "queue depth of at least 0")
@@ -83,7 +94,16 @@ class FleetConfig:
         return FleetBlock(replicas=self.replicas, cap=self.cap, queue_depth=self.queue_depth,
                           ttft_budget_s=self.ttft_budget_s,
                           prefill_reserve_s=self.prefill_reserve_s, affinity=self.affinity,
-                          hop_s=self.hop_s)
+                          hop_s=self.hop_s, learn_reserve=self.learn_reserve,
+                          spill=self.spill)
+
+    def settings(self, shared_prefix_tokens: int) -> FleetSettings:
+        """The fleet core's settings for these (the gateway's config gives the same)."""
+        return FleetSettings(
+            queue_depth=self.queue_depth, ttft_budget_s=self.ttft_budget_s,
+            prefill_reserve_s=self.prefill_reserve_s, affinity=self.affinity,
+            shared_prefix_tokens=shared_prefix_tokens,
+            reserve=ReserveSettings(learn=self.learn_reserve), spill=self.spill)
 
 
 @dataclass(slots=True, init=False)
@@ -93,6 +113,8 @@ class _Attempt:
     replica: int | None
     req: EngineRequest | None
     offered: float  # when the gateway got it
+    admitted: float  # when the gateway admitted it
+    first_seen: bool  # its first token has reached the gateway (a reserve sample)
 
     # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, spec: RequestSpec, attempt: int) -> None:
@@ -101,6 +123,8 @@ class _Attempt:
         self.replica = None
         self.req = None
         self.offered = 0.0
+        self.admitted = 0.0
+        self.first_seen = False
 
 
 @dataclass(slots=True)
@@ -121,9 +145,11 @@ class _FleetRun:
     hop_s: float = 0.0
     max_queue: int = 0  # the gateway queue's peak depth
     index: dict[str, int] = field(init=False)  # replica name -> its place in names
+    learning: bool = field(init=False)  # the controller learns the reserve: feed it
 
     def __post_init__(self) -> None:
         self.index = {name: i for i, name in enumerate(self.names)}
+        self.learning = self.fleet.ac.learning
 
     # --- arrivals and decisions -----------------------------------------------------------
     def arrive(self, att: _Attempt, now: float) -> Iterable[Event]:
@@ -153,6 +179,7 @@ class _FleetRun:
                 continue
             outcome = d.outcome
             if outcome == "admitted" and d.replica is not None:
+                att.admitted = now
                 i = self.index[d.replica]
                 if self.hop_s > 0:
                     out.append(self.loop.at(now + self.hop_s, self.start_event,
@@ -181,6 +208,11 @@ class _FleetRun:
 
     def release_event(self, i: int, now: float) -> list[Event]:
         return self.handle(self.fleet.release(self.names[i], now), now)
+
+    def first_byte_event(self, args: tuple[int, float], now: float) -> list[Event]:
+        """A request's first token reaches the gateway: a sample of its replica's reserve."""
+        i, admitted = args
+        return self.handle(self.fleet.first_byte(self.names[i], admitted, now), now)
 
     def start(self, rid: str, att: _Attempt, i: int, now: float) -> list[Event]:
         spec = att.spec
@@ -217,6 +249,18 @@ class _FleetRun:
             return []
         res = self.scheds[i].complete(now)
         out: list[Event] = []
+        if self.learning:
+            for req in res.first_tokens:
+                first = self.attempts.get(req.rid)
+                if first is None or first.first_seen:
+                    continue  # (a retracted request's second first token)
+                first.first_seen = True
+                if self.hop_s > 0:
+                    out.append(self.loop.at(now + self.hop_s, self.first_byte_event,
+                                            (i, first.admitted)))
+                else:
+                    out.extend(self.handle(self.fleet.first_byte(self.names[i],
+                                                                 first.admitted, now), now))
         for req in res.finished:
             att = self.attempts.pop(req.rid)
             spec = att.spec
@@ -265,10 +309,8 @@ def run_fleet_point(
     names = replica_names or [f"twin-{i}" for i in range(fleet.replicas)]
     if len(names) != fleet.replicas or len(set(names)) != len(names):
         raise ValueError(f"need {fleet.replicas} distinct replica names, got {names}")
-    core = Fleet({n: fleet.cap for n in names}, FleetSettings(
-        queue_depth=fleet.queue_depth, ttft_budget_s=fleet.ttft_budget_s,
-        prefill_reserve_s=fleet.prefill_reserve_s, affinity=fleet.affinity,
-        shared_prefix_tokens=wcfg.system_prompt_tokens), scheds[0].step_model, trace)
+    core = Fleet({n: fleet.cap for n in names}, fleet.settings(wcfg.system_prompt_tokens),
+                 scheds[0].step_model, trace)
     workload = Workload(wcfg, random.Random(seed))
     driver = driver_for(load, workload, arrival_times)
     loop = EventLoop()
@@ -288,7 +330,9 @@ def run_fleet_point(
     decided = dataclasses.replace(
         fleet.block(), max_in_flight=tuple(run.max_in_flight), max_queue=run.max_queue,
         shed={str(k): n for k, n in core.ac.num_shed.items()}, admitted=core.ac.num_admitted,
-        routes={str(k): n for k, n in core.num_routes.items()})
+        routes={str(k): n for k, n in core.num_routes.items()},
+        reserve_s=({n: round(core.ac.reserve_s(n), 4) for n in names}
+                   if fleet.learn_reserve else None))
     point = summarize_point(
         run.records, load=load, window=(warmup_s, window_end), slo=slo, seed=seed,
         flushed=True, engine=engine_block(scheds, warmup_s, window_end),

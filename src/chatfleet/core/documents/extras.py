@@ -182,7 +182,9 @@ class FleetBlock:
     settings (replicas, cap per replica, queue depth, TTFT budget, prefill reserve, session
     affinity, gateway hop) and what it did: the most requests in flight per replica, the
     queue's peak, sheds by reason, admissions, routes by rule; a live fleet reports the peak
-    in flight each replica's own trace saw."""
+    in flight each replica's own trace saw. `learn_reserve`: the deadline's reserve was
+    learned per replica (`reserve_s`: each replica's at the end of the run); `spill`: the
+    routing's spill rule (cost, full, never)."""
 
     replicas: int = 1
     cap: int = 0
@@ -197,12 +199,15 @@ class FleetBlock:
     admitted: int | None = None
     routes: Mapping[str, int] | None = None
     max_in_flight_seen_by_replicas: Mapping[str, int] | None = None
+    learn_reserve: bool | None = None
+    spill: str | None = None
+    reserve_s: Mapping[str, float] | None = None
     extra: Extra = field(default_factory=no_extra)
 
     _KEYS: ClassVar[tuple[str, ...]] = (
         "replicas", "cap", "queue_depth", "ttft_budget_s", "prefill_reserve_s", "affinity",
         "hop_s", "max_in_flight", "max_queue", "shed", "admitted", "routes",
-        "max_in_flight_seen_by_replicas")
+        "max_in_flight_seen_by_replicas", "learn_reserve", "spill", "reserve_s")
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {"replicas": self.replicas, "cap": self.cap}
@@ -221,6 +226,7 @@ class FleetBlock:
         peaks = seq(d, "max_in_flight", where)
         shed, routes = opt_obj(d, "shed", where), opt_obj(d, "routes", where)
         seen = opt_obj(d, "max_in_flight_seen_by_replicas", where)
+        reserves = opt_obj(d, "reserve_s", where)
         return cls(replicas=integer(d, "replicas", where, 1), cap=integer(d, "cap", where),
                    queue_depth=opt_int(d, "queue_depth", where),
                    ttft_budget_s=opt_num(d, "ttft_budget_s", where),
@@ -232,5 +238,8 @@ class FleetBlock:
                    admitted=opt_int(d, "admitted", where),
                    routes=None if routes is None else dict(routes),
                    max_in_flight_seen_by_replicas=None if seen is None else dict(seen),
+                   learn_reserve=opt_bool(d, "learn_reserve", where),
+                   spill=opt_text(d, "spill", where),
+                   reserve_s=None if reserves is None else dict(reserves),
                    extra=rest(d, cls._KEYS))
 

@@ -6,8 +6,11 @@ Rules (docs/fleet-core.md states them with examples):
 - A request is admitted to the replica its route names when that replica has fewer requests in
   flight than its cap. Otherwise it waits in the one queue, ordered by class (returning sessions
   first when `prioritize_returning`), then by arrival order (FCFS within a class).
-- Deadline = arrival + ttft_budget_s - prefill_reserve_s. A request still queued after its
-  deadline (now > deadline) is shed, never admitted.
+- Deadline = arrival + ttft_budget_s - reserve, the reserve being the time the replica the
+  request would go to takes from admission to the first byte: the configured
+  `prefill_reserve_s`, or with `reserve.learn` that replica's learned value (reserve.py; the
+  configured one until it has data). A request still queued after its deadline
+  (now > deadline) is shed, never admitted: its first token would miss the target.
 - The queue holds at most `queue_depth` requests. Above it the arriving request is shed at once;
   a returning session (with priority on) instead displaces the newest new-session request, which
   is shed in its place.
@@ -28,7 +31,9 @@ Rules (docs/fleet-core.md states them with examples):
   Queued again, it takes the first slot that frees on any replica but the one it failed on.
 - Every shed carries Retry-After = (requests ahead of it + 1) / fleet drain rate, bounded to
   [retry_min_s, retry_max_s], as whole seconds (rounded up) and as milliseconds; retry_min_s
-  while nothing has drained in the window.
+  while nothing has drained in the window. Until the first release is a window old, the
+  rate is counted over the time since that release, not over the whole window (which read
+  a tenth of the truth in the first second, and told clients 20 s).
 - Whenever capacity may have changed (a release, a cap change, a replica added or removed, an
   offer), queued requests are routed again in queue order and admitted where their route now has
   room. Lowering a cap never cancels running requests.
@@ -40,22 +45,21 @@ backwards between calls.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Final, Literal, Protocol
 
 from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.fleet.drain import DRAIN_WINDOW_S as DRAIN_WINDOW_S
+from chatfleet.core.fleet.drain import RETRY_MAX_S as RETRY_MAX_S
+from chatfleet.core.fleet.drain import RETRY_MIN_S as RETRY_MIN_S
+from chatfleet.core.fleet.drain import DrainRate as DrainRate
+from chatfleet.core.fleet.drain import retry_after as retry_after
 from chatfleet.core.fleet.request import FleetRequest as FleetRequest
+from chatfleet.core.fleet.reserve import ReserveEstimator, ReserveSettings
 from chatfleet.core.fleet.waiting import Waiting, WaitQueue
 
 Outcome = Literal["admitted", "queued", "shed"]
 ShedReason = Literal["queue_full", "deadline", "displaced", "no_replica", "key_limit"]
-
-RETRY_MIN_S = 1.0
-# openai-python honours retry-after-ms / retry-after only up to 60 s (beyond, it falls back to
-# its own backoff), so a larger figure would be ignored by the main client anyway.
-RETRY_MAX_S = 60.0
-DRAIN_WINDOW_S = 10.0
 
 RETURNING, NEW = 0, 1  # queue classes: lower goes first
 
@@ -106,50 +110,6 @@ class Decision:
         return self.outcome == "shed"
 
 
-def retry_after(ahead: int, drain_rps: float, min_s: float = RETRY_MIN_S,
-                max_s: float = RETRY_MAX_S) -> tuple[int, int]:
-    """(seconds, milliseconds) to tell a shed client: (ahead + 1) / drain_rps, bounded to
-    [min_s, max_s], milliseconds rounded up, and seconds the milliseconds rounded up to a whole
-    second (so seconds x 1000 >= milliseconds).
-
-    When nothing has drained in the window there is no rate to divide by: the answer is the
-    floor, min_s, so that the client asks again as soon as the gateway may know more. (The
-    ceiling was tried first: on a cold start every user of the first burst was told 60 s,
-    measured in the gateway's parity run, docs/gateway.md.)"""
-    raw = (ahead + 1) / drain_rps if drain_rps > 0 else min_s
-    bounded = min(max_s, max(min_s, raw))
-    ms = max(1, math.ceil(round(bounded * 1000.0, 6)))
-    return max(1, -(-ms // 1000)), ms
-
-
-class DrainRate:
-    """Completions per second: those observed in the window (now - window_s, now], over
-    window_s. Early in a run (less than a window observed) this reads low, so Retry-After
-    reads long: the safe side."""
-
-    def __init__(self, window_s: float = DRAIN_WINDOW_S) -> None:
-        if window_s <= 0:
-            raise ChatfleetError("the drain window must be positive")
-        self.window_s = window_s
-        self._times: deque[float] = deque()
-
-    def observe(self, now: float) -> None:
-        self._times.append(now)
-        self._prune(now)
-
-    def count(self, now: float) -> int:
-        self._prune(now)
-        return len(self._times)
-
-    def rate(self, now: float) -> float:
-        return self.count(now) / self.window_s
-
-    def _prune(self, now: float) -> None:
-        start = now - self.window_s
-        while self._times and self._times[0] <= start:
-            self._times.popleft()
-
-
 class FleetView(Protocol):
     """What a route may read about the fleet (AdmissionController provides it)."""
 
@@ -186,11 +146,16 @@ class AdmissionController:
         retry_min_s: float = RETRY_MIN_S,
         retry_max_s: float = RETRY_MAX_S,
         key_limits: Mapping[str, int] | None = None,
+        reserve: ReserveSettings | None = None,
     ) -> None:
         if queue_depth < 0:
             raise ChatfleetError("queue_depth must not be negative")
         if not 0 <= prefill_reserve_s < ttft_budget_s:
             raise ChatfleetError("need 0 <= prefill_reserve_s < ttft_budget_s")
+        self.reserve_settings = reserve if reserve is not None else ReserveSettings(learn=False)
+        self.learning = self.reserve_settings.learn
+        if self.learning:
+            self.reserve_settings.check(ttft_budget_s)
         if not 1.0 <= retry_min_s <= retry_max_s:
             raise ChatfleetError("need 1 <= retry_min_s <= retry_max_s")
         for replica, cap in caps.items():
@@ -209,6 +174,9 @@ class AdmissionController:
         self._names = sorted(self._caps)  # replicas(), sorted
         self._room = {r for r, cap in self._caps.items() if cap > 0}  # the can_admit replicas
         self._drain: dict[str, DrainRate] = {r: DrainRate(drain_window_s) for r in caps}
+        # per replica: admission -> first byte, learned (kept while the gateway runs: an
+        # ejected replica that comes back is the same engine)
+        self._reserves: dict[str, ReserveEstimator] = {r: self._estimator() for r in caps}
         self._fleet_drain = DrainRate(drain_window_s)
         self._queue = WaitQueue()
         self._seq = 0
@@ -270,8 +238,26 @@ class AdmissionController:
         waiting = self._queue.get(request_id)
         return None if waiting is None else waiting.avoid
 
-    def deadline(self, request: FleetRequest) -> float:
-        return request.arrival + self.ttft_budget_s - self.prefill_reserve_s
+    def reserve_s(self, replica: str | None) -> float:
+        """The part of the TTFT budget kept for admission -> first byte at `replica`: the
+        configured `prefill_reserve_s`, or (learning) the replica's learned reserve. None, a
+        request with no replica named yet: the largest over the fleet's replicas."""
+        if not self.learning:
+            return self.prefill_reserve_s
+        if replica is None:
+            return max((self._reserves[r].value_s for r in self._names),
+                       default=self.prefill_reserve_s)
+        est = self._reserves.get(replica)
+        return self.prefill_reserve_s if est is None else est.value_s
+
+    def reserves(self) -> dict[str, ReserveEstimator]:
+        """Every replica's estimator (learned or not), by name."""
+        return dict(self._reserves)
+
+    def deadline(self, request: FleetRequest, replica: str | None = None) -> float:
+        """When `request`, going to `replica`, must be admitted at the latest: arrival +
+        budget - the replica's reserve."""
+        return request.arrival + self.ttft_budget_s - self.reserve_s(replica)
 
     def next_deadline(self) -> float | None:
         """The earliest deadline in the queue: when a shell should call `expire` next."""
@@ -286,25 +272,24 @@ class AdmissionController:
         self.num_offered += 1
         earlier = self._dispatch(now)
         klass = self._klass(request)
-        deadline = self.deadline(request)
         over = None if request.key is None else self._over_key_limit(request)
         if over is not None:
             return [self._shed(request, "key_limit", over, now), *earlier]
-        decisions = self._offer(request, klass, deadline, now)
+        decisions = self._offer(request, klass, now)
         if request.key is not None and decisions[0].outcome != "shed":
             self._count_key(request, +1)
         return [*decisions, *earlier] if earlier else decisions
 
-    def _offer(self, request: FleetRequest, klass: int, deadline: float,
-               now: float) -> list[Decision]:
+    def _offer(self, request: FleetRequest, klass: int, now: float) -> list[Decision]:
         """`offer` once the key limit let the request in: its decision (and a displaced
         request's shed). A request shed here had the queue's requests of its class and above
         ahead of it."""
         if not self._caps:
             return [self._shed(request, "no_replica", self._queue.num_up_to_class(klass), now)]
+        target = self._route(request, self, now)
+        deadline = self.deadline(request, target)
         if now > deadline:
             return [self._shed(request, "deadline", self._queue.num_up_to_class(klass), now)]
-        target = self._route(request, self, now)
         if target is not None and self.can_admit(target):
             return [self.admit(request, target, now)]
         if len(self._queue) < self.max_queue_depth:
@@ -368,6 +353,22 @@ class AdmissionController:
         """Shed every queued request past its deadline (and admit any that can go)."""
         return self._dispatch(now)
 
+    def first_byte(self, replica: str, admitted_at: float, now: float) -> list[Decision]:
+        """The first byte of a request admitted to `replica` at `admitted_at` came back at
+        `now`: with `reserve.learn`, a sample of that replica's reserve. A changed reserve
+        moves the deadlines of the requests queued for it; those now past theirs are shed.
+        Without learning, nothing happens."""
+        if not self.learning:
+            return []
+        est = self._reserves.get(replica)
+        if est is None:
+            est = self._reserves[replica] = self._estimator()
+        if not est.observe(now - admitted_at, now):
+            return []
+        for waiting in self._queue:
+            self._queue.set_deadline(waiting, self.deadline(waiting.request, waiting.target))
+        return self._dispatch(now)
+
     def cancel(self, request_id: str) -> bool:
         """The client of a queued request went away: drop it. False if it was not queued."""
         waiting = self._queue.pop(request_id)
@@ -404,6 +405,7 @@ class AdmissionController:
         self._names = sorted(self._caps)
         self._refresh_room(replica)
         self._drain.setdefault(replica, DrainRate(self.drain_window_s))
+        self._reserves.setdefault(replica, self._estimator())
         return self._dispatch(now)
 
     def remove_replica(self, replica: str, now: float) -> list[Decision]:
@@ -416,6 +418,10 @@ class AdmissionController:
         return self._dispatch(now)
 
     # --- internals ----------------------------------------------------------------------------
+    def _estimator(self) -> ReserveEstimator:
+        return ReserveEstimator(self.prefill_reserve_s, self.reserve_settings,
+                                self.reserve_settings.ceiling_s(self.ttft_budget_s))
+
     def _klass(self, request: FleetRequest) -> int:
         return RETURNING if self.prioritize_returning and request.returning else NEW
 
@@ -457,10 +463,10 @@ class AdmissionController:
         ahead = self._queue.num_before(key)
         if not any(r != failed for r in self._caps):
             return [self._leave(self._shed(request, "no_replica", ahead, now))]
-        deadline = self.deadline(request)
+        target = self._roomiest(failed)
+        deadline = self.deadline(request, target)
         if now > deadline:  # as in `offer`: never admitted past its deadline
             return [self._leave(self._shed(request, "deadline", ahead, now))]
-        target = self._roomiest(failed)
         if target is not None:
             return [self.admit(request, target, now)]
         if len(self._queue) < self.max_queue_depth:
@@ -482,8 +488,8 @@ class AdmissionController:
 
     def _shed(self, request: FleetRequest, reason: ShedReason, ahead: int,
               now: float) -> Decision:
-        seconds, ms = retry_after(ahead, self.drain_rate(None, now), self.retry_min_s,
-                                  self.retry_max_s)
+        seconds, ms = retry_after(ahead, self._fleet_drain.rate_since_first(now),
+                                  self.retry_min_s, self.retry_max_s)
         self.num_shed[reason] += 1
         return Decision(request, "shed", now, reason=reason, retry_after_s=seconds,
                         retry_after_ms=ms)
@@ -527,12 +533,22 @@ class AdmissionController:
         while self._room and queue:  # room first: under overload, the test that fails
             for waiting in self._queue:
                 if waiting.avoid is None:
-                    waiting.target = self._route(waiting.request, self, now)
+                    target = self._route(waiting.request, self, now)
                 else:
-                    waiting.target = self._roomiest(waiting.avoid)
-                if waiting.target is not None and self.can_admit(waiting.target):
-                    self._queue.remove(waiting)
-                    out.append(self.admit(waiting.request, waiting.target, now))
+                    target = self._roomiest(waiting.avoid)
+                if target != waiting.target:
+                    waiting.target = target
+                    if self.learning:  # its deadline is the new target's
+                        queue.set_deadline(waiting, self.deadline(waiting.request, target))
+                if target is not None and self.can_admit(target):
+                    if now > waiting.deadline:  # too late for this replica's reserve
+                        ahead = queue.num_before(waiting.key)
+                        queue.remove(waiting)
+                        out.append(self._leave(self._shed(waiting.request, "deadline", ahead,
+                                                          now)))
+                    else:
+                        queue.remove(waiting)
+                        out.append(self.admit(waiting.request, target, now))
                     break
             else:
                 break

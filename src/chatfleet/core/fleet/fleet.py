@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import AdmissionController, Decision, FleetRequest
-from chatfleet.core.fleet.routing import RecomputeModel, Router, route_least_loaded
+from chatfleet.core.fleet.reserve import ReserveSettings
+from chatfleet.core.fleet.routing import RecomputeModel, Router, SpillRule, route_least_loaded
 from chatfleet.core.fleet.session import DEFAULT_SESSION_TTL_S, SessionTable
 
 RouteKind = Literal["hit", "spill", "least_loaded"]
@@ -34,6 +35,10 @@ class FleetSettings:
     session_ttl_s: float = DEFAULT_SESSION_TTL_S
     max_sessions: int | None = None
     key_limits: Mapping[str, int] = field(default_factory=dict)  # API key -> queued + in flight
+    # the deadline's reserve: learned per replica from admission -> first byte (reserve.py),
+    # prefill_reserve_s the prior; learn=False: prefill_reserve_s always
+    reserve: ReserveSettings = field(default_factory=ReserveSettings)
+    spill: SpillRule = "cost"  # when a session leaves a hot home (routing.py)
 
 
 @dataclass(slots=True)
@@ -59,7 +64,8 @@ class Fleet:
         if settings.affinity:
             self.router = Router(step_time, SessionTable(settings.session_ttl_s,
                                                          settings.max_sessions),
-                                 shared_prefix_tokens=settings.shared_prefix_tokens)
+                                 shared_prefix_tokens=settings.shared_prefix_tokens,
+                                 spill=settings.spill)
             route = self.router.route
         else:
             route = route_least_loaded
@@ -67,7 +73,7 @@ class Fleet:
             caps, settings.queue_depth, settings.ttft_budget_s, route=route,
             prefill_reserve_s=settings.prefill_reserve_s,
             prioritize_returning=settings.prioritize_returning,
-            key_limits=settings.key_limits)
+            key_limits=settings.key_limits, reserve=settings.reserve)
 
     def _record(self, now: float, name: str, *args: Any, **kwargs: Any) -> None:
         if self.trace is not None:
@@ -113,6 +119,13 @@ class Fleet:
     def expire(self, now: float) -> list[Decision]:
         self._record(now, "expire")
         return self._note(self.ac.expire(now), now)
+
+    def first_byte(self, replica: str, admitted_at: float, now: float) -> list[Decision]:
+        """The first byte of a request admitted to `replica` at `admitted_at` arrived: a
+        sample of the replica's reserve (admission.py); the decisions a changed reserve
+        caused (the requests queued past their new deadline, shed)."""
+        self._record(now, "first_byte", replica, admitted_at)
+        return self._note(self.ac.first_byte(replica, admitted_at, now), now)
 
     def cancel(self, request_id: str, now: float) -> bool:
         self._record(now, "cancel", request_id)

@@ -20,7 +20,9 @@
 
   T = StepTimeModel.recompute_s; prefix = the last turn's prompt tokens (from usage), else its
   cached tokens, else 0. With no candidate (the whole fleet at its caps) the session waits for
-  home.
+  home. That is the default spill rule, "cost"; "full" spills whenever home is hot and a
+  candidate has room (plain bounded-load rendezvous), "never" always waits for home (strict
+  stickiness: rendezvous hashing with no load bound).
 - Requests without a session go to the least-loaded replica: lowest in-flight / cap (a zero cap
   counts as full), then fewest in flight, then name.
 """
@@ -43,6 +45,10 @@ MAX_SESSION_VALUE_BYTES = 128
 SYSTEM_ROLES = ("system", "developer")
 
 Rule = Literal["no_replica", "least_loaded", "home", "wait", "spill", "all_full"]
+# when a session whose home is hot moves: when waiting costs more than recomputing ("cost"),
+# whenever another replica has room ("full"), or never ("never": strict stickiness)
+SpillRule = Literal["cost", "full", "never"]
+SPILL_RULES: tuple[SpillRule, ...] = ("cost", "full", "never")
 
 
 # --- session keys ------------------------------------------------------------------------------
@@ -153,9 +159,13 @@ class Router:
     """Session affinity with a load bound and a recompute-aware spill (module docstring)."""
 
     def __init__(self, step_time: RecomputeModel, sessions: SessionTable | None = None, *,
-                 shared_prefix_tokens: int = 0) -> None:
+                 shared_prefix_tokens: int = 0, spill: SpillRule = "cost") -> None:
         if shared_prefix_tokens < 0:
             raise ChatfleetError("shared_prefix_tokens must not be negative")
+        if spill not in SPILL_RULES:
+            raise ChatfleetError(f"spill must be one of {', '.join(SPILL_RULES)}, not "
+                                 f"{spill!r}")
+        self.spill = spill
         self.step_time = step_time
         self.sessions = sessions if sessions is not None else SessionTable()
         self.shared_prefix_tokens = shared_prefix_tokens
@@ -193,11 +203,15 @@ class Router:
         home = self.home(key, replicas, now)
         if view.can_admit(home):
             return (home, "home", home, None, None)
+        if self.spill == "never":
+            return (home, "wait", home, None, None)
         for spill in self.rendezvous_order(key, replicas):
             if spill != home and view.can_admit(spill):
                 break
         else:
             return (home, "all_full", home, None, None)
+        if self.spill == "full":
+            return (spill, "spill", home, None, None)
         wait = self.expected_wait_s(request, home, view, now)
         cost = self.recompute_cost_s(self.prefix_tokens(request, now))
         if wait > cost:

@@ -140,6 +140,17 @@ class WaitQueue:
         self._forgot(waiting)
         return waiting
 
+    def set_deadline(self, waiting: Waiting, deadline: float) -> None:
+        """Move a queued entry's deadline (a learned reserve changed, or its target did)."""
+        old = waiting.deadline
+        if deadline == old:
+            return
+        waiting.deadline = deadline
+        if deadline < self._earliest:
+            self._earliest = deadline
+        elif old <= self._earliest:
+            self._stale = True  # it held the minimum and moved later
+
     def keep_only(self, kept: list[Waiting]) -> None:
         """Replace the queue by `kept`, entries of it in queue order (the others leave)."""
         self._items = kept
