@@ -130,6 +130,7 @@ flush_bc() {
 
 step_promise() {
   mkdir -p $WORK/promise
+  host_sampler $WORK/promise
   # the shared prompt is on every replica; a spill is priced on the H200's (uncalibrated) model
   local routing='  shared_prefix_tokens: 2048\n  gpu: h200\n  weights: bf16\n  kv_cache: bf16\n'
   printf "routing:\n$routing" > $WORK/promise/learned.yaml
@@ -158,6 +159,7 @@ step_promise() {
       --warmup 25 --drain 30 --out $WORK/promise/sweep-affinity-$mode | tail -6
     gw_stop affinity-$mode
   done
+  host_sampler_stop
   pack promise
 }
 
