@@ -10,7 +10,7 @@ import yaml
 from rich.table import Table
 
 from chatfleet.cli.common import out, uncalibrated_note
-from chatfleet.core.documents.plan import Doubling, Plan
+from chatfleet.core.documents.plan import CountEdges, Doubling, Plan
 from chatfleet.core.documents.sweep import ClosedLoad, Load, SweepDoc, SweepPoint
 from chatfleet.core.memory import PoolPlan
 
@@ -232,9 +232,9 @@ def cooling_lines(doubling: Doubling) -> list[str]:
     return lines
 
 
-def span(pair: tuple[int | None, int | None]) -> str:
-    """'16-32' from a (slower, faster) pair, in increasing order ('-' for a missing end)."""
-    ends = sorted(v for v in pair if v is not None)
+def span(edges: CountEdges) -> str:
+    """'16-32' from a count at the band's two edges, in increasing order."""
+    ends = sorted(v for v in (edges.slower, edges.faster) if v is not None)
     if not ends:
         return "none"
     return str(ends[0]) if ends[0] == ends[-1] else f"{ends[0]}-{ends[-1]}"

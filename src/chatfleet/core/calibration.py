@@ -252,9 +252,19 @@ def vllm_calibration_for(gpu: GPU) -> Calibration:
 
 
 # How far the twin's step time may be off where nothing measured it with the calibration in use
-# (the built-in constants, or a profile fitted without a band): PLACEHOLDER until the H200 runs
-STEP_TIME_BAND = 0.25
-STEP_TIME_BAND_SOURCE = "PLACEHOLDER"
+# (the built-in constants, or a profile without a band of its own). Measured on the only real
+# engine chatfleet has run: vLLM 0.26 on an H200 (eager, Triton attention; docs/device/vllm/):
+# fitted on every step of the l4pool sweep of 2026-12-03 (`twin calibrate`), the mean step of
+# each of its points was within 13.6% of the fit, and of each point of the full sweep it was
+# not fitted on (another workload: the shared prompt, mixed lengths, open loop) within 8.3%.
+# The larger, rounded up. Borrowed for every card and engine model: no L4 run above one user
+# exists. A sweep of another day (2026-12-01 runs, three engines sharing twelve cores) was off
+# by up to 61%: the host's state, not the model (docs/twin.md#calibrating-the-vllm-model).
+STEP_TIME_BAND = 0.14
+STEP_TIME_BAND_SOURCE = (
+    "the largest per-point error of the mean step when the vLLM model was fitted on every step "
+    "of a real vLLM 0.26 on an H200 (13.6% on its points, 8.3% on a workload it was not fitted "
+    "on; docs/device/vllm), borrowed: no L4 run above one user was measured")
 
 
 @dataclass(frozen=True, slots=True)

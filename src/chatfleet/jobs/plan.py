@@ -23,9 +23,11 @@ from chatfleet.core.documents.fields import DocumentError
 from chatfleet.core.documents.plan import (
     Cooling,
     CoolingProfile,
+    CountEdges,
     Doubling,
     DoublingRun,
     HostTier,
+    KneeEdges,
     Launch,
     Plan,
     PoolFigures,
@@ -434,9 +436,10 @@ def uncertainty(req: PlanRequest, edges: tuple[SweepDoc, SweepDoc]) -> Uncertain
     cards = tuple(None if u is None else fleet_size(req.users, u, req.headroom)["cards"]
                   for u in users)
     return Uncertainty(error_band=prov.band, source=prov.band_source,
-                       knee_slower=figs[0].knee, knee_faster=figs[1].knee,
-                       knee_rate_slower=figs[0].knee_rate, knee_rate_faster=figs[1].knee_rate,
-                       users_per_card=(users[0], users[1]), cards=(cards[0], cards[1]))
+                       knee=KneeEdges(figs[0].knee, figs[1].knee),
+                       knee_rate=KneeEdges(figs[0].knee_rate, figs[1].knee_rate),
+                       users_per_card=CountEdges(users[0], users[1]),
+                       cards=CountEdges(cards[0], cards[1]))
 
 
 def answer(req: PlanRequest, pairs: list[tuple[str, str]],

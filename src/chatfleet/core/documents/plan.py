@@ -51,9 +51,24 @@ from chatfleet.core.documents.sweep import Knee, Load, SweepDoc, load_from_json
 from chatfleet.core.slo import SLO
 
 __all__ = [  # the plan's types, wherever they live
-    "PLAN_SCHEMA", "AccuracyVerdict", "Cooling", "CoolingProfile", "Doubling", "DoublingRun",
-    "FigureSource", "HostTier", "Launch", "Plan", "PoolFigures", "PrecisionEntry",
-    "PrecisionFigures", "Recommendation", "SweepRef", "Uncertainty",
+    "PLAN_SCHEMA",
+    "AccuracyVerdict",
+    "Cooling",
+    "CoolingProfile",
+    "CountEdges",
+    "Doubling",
+    "DoublingRun",
+    "FigureSource",
+    "HostTier",
+    "KneeEdges",
+    "Launch",
+    "Plan",
+    "PoolFigures",
+    "PrecisionEntry",
+    "PrecisionFigures",
+    "Recommendation",
+    "SweepRef",
+    "Uncertainty",
 ]
 
 PLAN_SCHEMA = "chatfleet.plan/1"
@@ -280,21 +295,57 @@ class Recommendation:
                    extra=rest(d, cls._KEYS))
 
 
+@dataclass(frozen=True, slots=True)
+class KneeEdges:
+    """A knee at the two edges of the error band: every step slower, and every step faster."""
+
+    slower: Knee
+    faster: Knee
+    extra: Extra = field(default_factory=no_extra)
+
+    def to_json(self) -> JsonObject:
+        return with_extra({"slower": self.slower.to_json(), "faster": self.faster.to_json()},
+                          self.extra)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> KneeEdges:
+        d = obj(data, where)
+        return cls(Knee.from_json(d.get("slower") or {}, f"{where}.slower"),
+                   Knee.from_json(d.get("faster") or {}, f"{where}.faster"),
+                   rest(d, ("slower", "faster")))
+
+
+@dataclass(frozen=True, slots=True)
+class CountEdges:
+    """A count (users per card, cards) at the two edges of the error band."""
+
+    slower: int | None
+    faster: int | None
+    extra: Extra = field(default_factory=no_extra)
+
+    def to_json(self) -> JsonObject:
+        return with_extra({"slower": self.slower, "faster": self.faster}, self.extra)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> CountEdges:
+        d = obj(data, where)
+        return cls(opt_int(d, "slower", where), opt_int(d, "faster", where),
+                   rest(d, ("slower", "faster")))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Uncertainty:
     """A twin plan's figures under its error band: the same sweep with every step
     (1 + error_band) times as long ("slower") and (1 - error_band) times ("faster"). The knee
     lies between the two with the band's confidence; users per card and cards for the target
-    users follow from each (low users and more cards from the slower)."""
+    users follow from each (fewer users and more cards from the slower)."""
 
     error_band: float
     source: str
-    knee_slower: Knee
-    knee_faster: Knee
-    knee_rate_slower: Knee
-    knee_rate_faster: Knee
-    users_per_card: tuple[int | None, int | None]  # (slower, faster)
-    cards: tuple[int | None, int | None]  # (slower, faster)
+    knee: KneeEdges
+    knee_rate: KneeEdges
+    users_per_card: CountEdges
+    cards: CountEdges
     extra: Extra = field(default_factory=no_extra)
 
     _KEYS: ClassVar[tuple[str, ...]] = ("error_band", "source", "knee", "knee_rate",
@@ -302,29 +353,21 @@ class Uncertainty:
 
     def to_json(self) -> JsonObject:
         return with_extra({
-            "error_band": self.error_band, "source": self.source,
-            "knee": {"slower": self.knee_slower.to_json(),
-                     "faster": self.knee_faster.to_json()},
-            "knee_rate": {"slower": self.knee_rate_slower.to_json(),
-                          "faster": self.knee_rate_faster.to_json()},
-            "users_per_card": {"slower": self.users_per_card[0],
-                               "faster": self.users_per_card[1]},
-            "cards": {"slower": self.cards[0], "faster": self.cards[1]}}, self.extra)
+            "error_band": self.error_band, "source": self.source, "knee": self.knee.to_json(),
+            "knee_rate": self.knee_rate.to_json(),
+            "users_per_card": self.users_per_card.to_json(), "cards": self.cards.to_json()},
+            self.extra)
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> Uncertainty:
         d = obj(data, where)
-        knee, rate = obj(d.get("knee") or {}, where), obj(d.get("knee_rate") or {}, where)
-        users, cards = (obj(d.get("users_per_card") or {}, where),
-                        obj(d.get("cards") or {}, where))
         return cls(error_band=num(d, "error_band", where), source=text(d, "source", where),
-                   knee_slower=Knee.from_json(knee.get("slower") or {}, f"{where}: knee"),
-                   knee_faster=Knee.from_json(knee.get("faster") or {}, f"{where}: knee"),
-                   knee_rate_slower=Knee.from_json(rate.get("slower") or {}, where),
-                   knee_rate_faster=Knee.from_json(rate.get("faster") or {}, where),
-                   users_per_card=(opt_int(users, "slower", where),
-                                   opt_int(users, "faster", where)),
-                   cards=(opt_int(cards, "slower", where), opt_int(cards, "faster", where)),
+                   knee=KneeEdges.from_json(d.get("knee") or {}, f"{where}: knee"),
+                   knee_rate=KneeEdges.from_json(d.get("knee_rate") or {},
+                                                 f"{where}: knee_rate"),
+                   users_per_card=CountEdges.from_json(d.get("users_per_card") or {},
+                                                       f"{where}: users_per_card"),
+                   cards=CountEdges.from_json(d.get("cards") or {}, f"{where}: cards"),
                    extra=rest(d, cls._KEYS))
 
 
