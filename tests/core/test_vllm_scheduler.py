@@ -18,18 +18,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.core.test_scheduler import CONSTANTS, DECODE, PREFILL, TOL, TOY
 
+from chatfleet.core.calibration import L4_CALIBRATION
 from chatfleet.core.engine.mixed_step import MixedStepModel
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.step import Step, StepResult
 from chatfleet.core.engine.vllm_config import VLLMConfig
 from chatfleet.core.engine.vllm_scheduler import VLLMScheduler
-from chatfleet.core.specs import get_gpu, precision
+from chatfleet.core.specs import builtin_model, get_gpu, precision
 
 OUT_BASE = 1_000_000
 
 
 def make(blocks: int = 64, budget: int = 64, max_seqs: int = 8, per_seq_s: float = 0.0,
          **kw: object) -> VLLMScheduler:
+    """A tiny engine. Synchronous scheduling unless a test asks for vLLM's async default: the
+    hand-worked step sequences below read a request into the first step after it arrives."""
+    kw.setdefault("async_scheduling", False)
     cfg = VLLMConfig(num_gpu_blocks=blocks, max_num_batched_tokens=budget,
                      max_num_seqs=max_seqs, **kw)  # type: ignore[arg-type]
     model = MixedStepModel(TOY, get_gpu("l4"), precision("bf16", "bf16"), CONSTANTS, per_seq_s,
@@ -145,6 +149,50 @@ def test_the_budget_goes_to_decodes_first_and_the_rest_to_a_prefill_chunk() -> N
     gaps = [round(t1 - t0, 6) for t0, t1 in itertools.pairwise(times)]
     assert gaps == [0.01, 0.05, 0.05, 0.05, 0.05, 0.01, 0.01]
     assert c.first_token_time == pytest.approx(0.06 + 4 * PREFILL, abs=TOL)
+
+
+def real_l4(async_scheduling: bool) -> VLLMScheduler:
+    """Qwen3-8B on the L4 (the built-in constants): a decode step is 1.5 ms of host work and
+    about 70 ms of weights streamed, the GPU's part far the longer."""
+    gpu, prec = get_gpu("l4"), precision("bf16", "bf16")
+    c = L4_CALIBRATION.constants(gpu, "bf16")
+    model = MixedStepModel(builtin_model("qwen3-8b"), gpu, prec, c, 0.0, 2048, 1 << 20)
+    return VLLMScheduler(VLLMConfig(num_gpu_blocks=4096, max_num_batched_tokens=2048,
+                                    async_scheduling=async_scheduling), model)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_with_async_scheduling_an_arrival_after_the_host_is_done_waits_a_step(
+        async_scheduling: bool) -> None:
+    # a decodes; c reaches the engine in the middle of a decode step, after the host's 1.5 ms
+    # of it. Synchronous: the next step takes c. Async: the next step was scheduled when the
+    # host was done with this one, so c joins the one after: its first token a step later
+    s = real_l4(async_scheduling)
+    a, c = req("a", ids(0, 10), 12), req("c", ids(1000, 20), 2)
+    first = drive(real_l4(False), [(0.0, req("a", ids(0, 10), 12))])
+    step_ends = [r.step.end for r in first]
+    arrive = (step_ends[2] + step_ends[3]) / 2  # mid-way through the fourth step
+    results = drive(s, [(0.0, a), (arrive, c)])
+    starts = [r.step.start for r in results if any(q.rid == "c" for q, _ in r.step.batch)]
+    assert starts[0] == pytest.approx(step_ends[3] if not async_scheduling else step_ends[4])
+    # an engine idle when a request arrives takes it at once, async or not
+    idle = real_l4(async_scheduling)
+    d = req("d", ids(2000, 10), 1)
+    drive(idle, [(0.5, d)])
+    assert d.first_token_time == pytest.approx(
+        0.5 + idle.step_model.step_s(0, 0, 10, 55.0, 0, 1, 1), rel=1e-9)
+
+
+def test_with_async_scheduling_an_arrival_while_the_host_works_is_not_delayed() -> None:
+    # the toy engine's steps are host work only: the next step is scheduled at the end of
+    # this one, and async scheduling changes nothing
+    sync, asy = make(async_scheduling=False), make(async_scheduling=True)
+    runs = []
+    for s in (sync, asy):
+        a, c = req("a", ids(0, 10), 12), req("c", ids(1000, 20), 2)
+        drive(s, [(0.0, a), (0.065, c)])
+        runs.append((list(s.token_times(a)), list(s.token_times(c))))
+    assert runs[0] == runs[1]
 
 
 def test_a_chunked_prefill_continues_before_any_new_request_and_then_shares_the_step() -> None:

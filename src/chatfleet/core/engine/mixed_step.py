@@ -64,13 +64,29 @@ class MixedStepModel(StepTimeModel):
         step's token included), and `num_prefill_seqs` prefill chunks of `prefill_tokens` new
         tokens with `prefill_pairs` causal query-key pairs after `prefill_cached_read` earlier
         tokens; `num_prefill_logits` of the chunks end their prompt (a token is sampled)."""
+        gpu = self.gpu_s(num_decode, decode_kv_tokens, prefill_tokens, prefill_pairs,
+                         prefill_cached_read, num_prefill_logits, sm_factor, mem_factor)
+        serial = self.host_s(num_decode, prefill_tokens, num_prefill_seqs) - self.launch_s
+        return serial + (gpu if gpu > self.launch_s else self.launch_s)
+
+    def host_s(self, num_decode: int, prefill_tokens: int, num_prefill_seqs: int) -> float:
+        """The host's part of a step: its fixed and per-sequence work and the kernel launches
+        (with async scheduling the engine schedules the next step once this is done)."""
         c = self.constants
-        t = c.decode_fixed_s
+        t = c.decode_fixed_s + self.launch_s
         if prefill_tokens:
             t += c.prefill_fixed_s - c.decode_fixed_s
         seqs = num_decode + num_prefill_seqs
         if seqs > 1:
             t += self.per_seq_s * (seqs - 1)
+        if num_decode > self.cuda_graph_max_bs:
+            t += c.eager_s
+        return t
+
+    def gpu_s(self, num_decode: int, decode_kv_tokens: int, prefill_tokens: int,
+              prefill_pairs: float, prefill_cached_read: int, num_prefill_logits: int,
+              sm_factor: float = 1.0, mem_factor: float = 1.0) -> float:
+        """The GPU's part of a step: weights and KV read, GEMMs, the prefill's attention."""
         memory = (self.weights_s + decode_kv_tokens * self.kv_read_s_per_token) * mem_factor
         compute = ((num_decode + prefill_tokens) * self.linear_flop_s_per_token
                    + (num_decode + num_prefill_logits) * self.lm_head_flop_s_per_token
@@ -79,10 +95,7 @@ class MixedStepModel(StepTimeModel):
         if prefill_tokens:
             gpu += (prefill_pairs * self.attn_flops_per_pair / self.attn_flops_per_s * sm_factor
                     + prefill_cached_read * self.kv_read_s_per_token * mem_factor)
-        t += gpu if gpu > self.launch_s else self.launch_s
-        if num_decode > self.cuda_graph_max_bs:
-            t += c.eager_s
-        return t
+        return gpu
 
     def decode_s(self, batch: int, kv_tokens: int, sm_factor: float = 1.0,
                  mem_factor: float = 1.0) -> float:

@@ -22,6 +22,10 @@ class VLLMConfig:
     max_model_len: int = 40960
     enable_prefix_caching: bool = True
     scheduler_reserve_full_isl: bool = True
+    # the next step is scheduled while this one runs (0.26's default, "Asynchronous
+    # scheduling is enabled" in its log): a request that reaches the engine core after a step
+    # started joins the step after the next
+    async_scheduling: bool = True
     # the API server's work per request before the engine core sees it (chat template,
     # tokenization, hand-off), one request after another: calibration.py's frontend_s
     frontend_s: float = 0.0

@@ -32,8 +32,14 @@ Full blocks are cached as soon as they are allocated for computed tokens (a deco
 block and the block is cached), so a finished request leaves its prompt and output (all but
 the last token, which has no KV) in the cache.
 
-Left out: async scheduling's one-step lookahead (it hides CPU time: the fixed step cost holds
-what is left), speculative decoding, priorities, LoRA, multimodal and KV connectors, the
+Async scheduling (0.26's default): the engine core schedules step k+1 once its host has done
+its part of step k (scheduling, input preparation, the kernel launches: MixedStepModel.host_s),
+while the GPU may still run it; a request that reaches the core after that joins step k+2 at
+the earliest. When the host's part is the whole step (eager mode at small batches) nothing
+changes; when the GPU's outlasts it, an arrival can wait up to that much longer. An idle engine
+schedules an arrival at once. The CPU time the overlap hides is in the fitted step
+costs; a request that finishes in step k still holding a slot in step k+1 is left out, as are
+speculative decoding, priorities, LoRA, multimodal and KV connectors, the
 watermark (0 by default) and partial-block hits (hash block size = block size).
 
 Cost: decodes are O(1) per step. Each decoding request remembers the step at which it began
@@ -96,6 +102,10 @@ class VLLMScheduler:
         self._pending_preempted: list[EngineRequest] = []
         self._busy_until = 0.0
         self._frontend_free = 0.0  # when the API server is done with what it was given
+        # async scheduling: when the host was done with the step that ended last (the next
+        # was scheduled then), and when that step ended
+        self._host_done = 0.0
+        self._last_step_end = -1.0
         self.num_prefill_input_tokens = 0
         self.num_prefill_cached_tokens = 0
         self.num_retractions = 0  # preemptions (vllm:num_preemptions)
@@ -318,20 +328,40 @@ class VLLMScheduler:
         preempted = len(self._pending_preempted) > preempted_before
         # 2. the waiting queue, when nothing was preempted in this step
         new_cached = 0
+        deferred = False  # a request handed over too late for this step: the next takes it
         if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-                if self.waiting[0].ready > now:
-                    break  # the API server has not handed it over yet
-                admitted = self._admit(self.waiting[0], budget)
-                if admitted is None:
-                    break
-                seq, hit, n = admitted
-                chunks.append((seq, hit, n, seq.num_computed >= seq.num_tokens))
-                new_cached += hit if seq.req.num_retractions == 0 else 0
-                budget -= n
+            # with async scheduling, back to back with the step before, this step was
+            # scheduled when that one started; an engine with nothing else to run schedules
+            # again at once (as an idle one does)
+            cutoff = (min(now, self._host_done) if cfg.async_scheduling
+                      and now == self._last_step_end else now)
+            new_cached, budget = self._admit_waiting(cutoff, budget, chunks)
+            if not chunks and not num_decode and cutoff < now:
+                new_cached, budget = self._admit_waiting(now, budget, chunks)
+            deferred = bool(self.waiting) and cutoff < self.waiting[0].ready <= now
         if not chunks and not num_decode:
             return None
-        return self._make_step(now, horizon, num_decode, chunks, new_cached, preempted)
+        return self._make_step(now, horizon, num_decode, chunks, new_cached,
+                               preempted or deferred)
+
+    def _admit_waiting(self, cutoff: float, budget: int,
+                       chunks: list[tuple[VLLMRequest, int, int, bool]]) -> tuple[int, int]:
+        """Admit waiting requests handed over by `cutoff`, in queue order, while the budget
+        lasts and fewer than max_num_seqs run; their chunks join `chunks`. Returns the cached
+        tokens they found and the budget left."""
+        new_cached = 0
+        while (self.waiting and budget > 0
+               and len(self.running) < self.cfg.max_num_seqs):
+            if self.waiting[0].ready > cutoff:
+                break  # not handed over (in time) by the API server
+            admitted = self._admit(self.waiting[0], budget)
+            if admitted is None:
+                break
+            seq, hit, n = admitted
+            chunks.append((seq, hit, n, seq.num_computed >= seq.num_tokens))
+            new_cached += hit if seq.req.num_retractions == 0 else 0
+            budget -= n
+        return new_cached, budget
 
     def _chunk(self, remaining: int, budget: int) -> int:
         thr = self.cfg.long_prefill_token_threshold
@@ -406,11 +436,13 @@ class VLLMScheduler:
 
     def _make_step(self, now: float, horizon: float | None, num_decode: int,
                    chunks: list[tuple[VLLMRequest, int, int, bool]], new_cached: int,
-                   preempted: bool) -> Step:
+                   single: bool) -> Step:
+        """The step (a decode-only run of several when nothing can change in between;
+        `single`: one step, something may join the next)."""
         s = self.num_steps
         kv = self._sum_ctx_base + num_decode * s + num_decode  # contexts + this step's token
         p_tokens = sum(n for _, _, n, _ in chunks)
-        if horizon is not None and not chunks and not preempted and self._finish_heap:
+        if horizon is not None and not chunks and not single and self._finish_heap:
             # a decode-only run: up to the first finish, the horizon, the next request the
             # API server hands over (the step at whose end it is ready comes last), and the
             # blocks that fit
@@ -499,6 +531,10 @@ class VLLMScheduler:
             raise RuntimeError("no step is running")
         self.in_flight = None
         k = len(step.decode_ends)
+        last_start = step.decode_ends[-2] if k > 1 else step.start
+        self._host_done = last_start + self.step_model.host_s(
+            step.num_decode, step.num_prefill_tokens, len(step.batch))
+        self._last_step_end = now
         if self.thermal is not None:
             tokens = step.num_prefill_tokens + step.num_decode
             share = step.num_prefill_tokens / tokens if tokens else 0.0
