@@ -12,15 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
-from chatfleet.core.calibration import (
-    STEP_TIME_BAND,
-    calibration_for,
-    provenance,
-    vllm_calibration_for,
-)
+from chatfleet.core.calibration import STEP_TIME_BAND, calibration_for, vllm_calibration_for
 from chatfleet.core.engine.mixed_step import MixedStepModel
 from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.errors import ChatfleetError
+from chatfleet.core.provenance import provenance
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 
 

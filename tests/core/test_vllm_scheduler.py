@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pytest
 from hypothesis import given, settings
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from tests.core.test_scheduler import CONSTANTS, DECODE, PREFILL, TOL, TOY
 
 from chatfleet.core.calibration import L4_CALIBRATION
+from chatfleet.core.engine.kv_cache_manager import cdiv
 from chatfleet.core.engine.mixed_step import MixedStepModel
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.step import Step, StepResult
@@ -50,11 +51,23 @@ def req(rid: str, prompt: list[int], out: int, max_new: int | None = None) -> En
     return EngineRequest(rid, prompt, ids(base, out), max_new or out)
 
 
+def held_blocks(s: VLLMScheduler) -> Iterable[tuple[str, int]]:
+    """(rid, blocks held) of every running request, worked out from its token count."""
+    in_step = 1 if s.in_flight is not None and s.in_flight.num_decode else 0
+    for rid, seq in s.running.items():
+        if seq.mode == "decode":
+            computed = (seq.req.prompt_len + seq.req.gen_base
+                        + s.num_steps - seq.req.join_step - 1 + in_step)
+            yield rid, cdiv(computed, s.cfg.block_size)
+        else:
+            yield rid, seq.num_blocks
+
+
 def check_invariants(s: VLLMScheduler) -> None:
     pool = s.pool
     assert 0 <= pool.num_free() <= pool.num_usable
     assert 0.0 <= s.token_usage() <= 1.0
-    held = dict(s.held_blocks())
+    held = dict(held_blocks(s))
     unique: dict[int, object] = {}
     private = 0
     for rid, seq in s.running.items():

@@ -10,11 +10,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from chatfleet.core.calibration import Provenance
 from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
 from chatfleet.core.documents.sweep import Load, SweepDoc, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.measure.knee import sweep_document
+from chatfleet.core.provenance import Provenance
 from chatfleet.core.refine import RefinePolicy
 from chatfleet.core.slo import SLO
 from chatfleet.core.sweep import Sweep

@@ -461,7 +461,7 @@ class Plan:
     doubling: Doubling | None = None
     launch: Mapping[str, Launch] | None = None
     gateway_config: Mapping[str, Any] | None = None  # the gateway's config file, as written
-    # where the twin's constants come from (calibration.Provenance): fitted, borrowed, assumed
+    # where the twin's constants come from (core/provenance.py): fitted, borrowed, assumed
     calibration: Mapping[str, Any] | None = None
     schema: str = PLAN_SCHEMA
     slo_extra: Extra = field(default_factory=no_extra)

@@ -8,10 +8,8 @@ from dataclasses import dataclass, replace
 
 from chatfleet.core.calibration import (
     Calibration,
-    Provenance,
     ThermalProfile,
     calibration_for,
-    provenance,
     step_constants,
     thermal_profile,
     vllm_calibration_for,
@@ -26,6 +24,7 @@ from chatfleet.core.engine.vllm_config import VLLMConfig
 from chatfleet.core.engine.vllm_scheduler import VLLMScheduler
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.memory import CALIBRATED_GPUS, PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
+from chatfleet.core.provenance import Provenance, provenance
 from chatfleet.core.specs import GPU, Model, Precision
 
 ENGINE_MODELS = ("sglang", "vllm")

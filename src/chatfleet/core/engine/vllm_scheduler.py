@@ -32,15 +32,10 @@ Full blocks are cached as soon as they are allocated for computed tokens (a deco
 block and the block is cached), so a finished request leaves its prompt and output (all but
 the last token, which has no KV) in the cache.
 
-Async scheduling (0.26's default): the engine core schedules step k+1 once its host has done
-its part of step k (scheduling, input preparation, the kernel launches: MixedStepModel.host_s),
-while the GPU may still run it; a request that reaches the core after that joins step k+2 at
-the earliest. When the host's part is the whole step (eager mode at small batches) nothing
-changes; when the GPU's outlasts it, an arrival can wait up to that much longer. An idle engine
-schedules an arrival at once. The CPU time the overlap hides is in the fitted step
-costs; a request that finishes in step k still holding a slot in step k+1 is left out, as are
-speculative decoding, priorities, LoRA, multimodal and KV connectors, the
-watermark (0 by default) and partial-block hits (hash block size = block size).
+How a request reaches the engine core (the API server, async scheduling's one-step
+lookahead) is handover.py. Left out: speculative decoding, priorities, LoRA, multimodal and
+KV connectors, the watermark (0 by default) and partial-block hits (hash block size = block
+size).
 
 Cost: decodes are O(1) per step. Each decoding request remembers the step at which it began
 decoding; its token count, its KV blocks and the batch's context follow from running sums, and
@@ -60,9 +55,9 @@ import bisect
 import heapq
 from array import array
 from collections import deque
-from collections.abc import Iterable
 
 from chatfleet.core.engine.decode_run import advance_thermal, run_ends
+from chatfleet.core.engine.handover import HandOver
 from chatfleet.core.engine.kv_cache_manager import KVCacheManager, VLLMRequest, cdiv
 from chatfleet.core.engine.mixed_step import MixedStepModel
 from chatfleet.core.engine.radix import as_tokens
@@ -101,11 +96,7 @@ class VLLMScheduler:
         self._pending: list[tuple[VLLMRequest, int, int, bool]] = []  # in-flight chunks
         self._pending_preempted: list[EngineRequest] = []
         self._busy_until = 0.0
-        self._frontend_free = 0.0  # when the API server is done with what it was given
-        # async scheduling: when the host was done with the step that ended last (the next
-        # was scheduled then), and when that step ended
-        self._host_done = 0.0
-        self._last_step_end = -1.0
+        self.handover = HandOver(cfg.frontend_s, cfg.frontend_delay_s, cfg.async_scheduling)
         self.num_prefill_input_tokens = 0
         self.num_prefill_cached_tokens = 0
         self.num_retractions = 0  # preemptions (vllm:num_preemptions)
@@ -191,9 +182,7 @@ class VLLMScheduler:
         req.output_ids = as_tokens(req.output_ids)
         req.fill = req.prompt
         buf = (as_tokens(req.prompt) + as_tokens(req.output_ids)).tobytes()
-        served = max(now, self._frontend_free) + self.cfg.frontend_s
-        self._frontend_free = served
-        self.waiting.append(VLLMRequest(req, buf, ready=served + self.cfg.frontend_delay_s))
+        self.waiting.append(VLLMRequest(req, buf, ready=self.handover.ready_time(now)))
 
     def abort(self, rid: str) -> EngineRequest | None:
         """Drop a request wherever it is and free its blocks at once (finish_requests)."""
@@ -330,11 +319,8 @@ class VLLMScheduler:
         new_cached = 0
         deferred = False  # a request handed over too late for this step: the next takes it
         if not preempted:
-            # with async scheduling, back to back with the step before, this step was
-            # scheduled when that one started; an engine with nothing else to run schedules
-            # again at once (as an idle one does)
-            cutoff = (min(now, self._host_done) if cfg.async_scheduling
-                      and now == self._last_step_end else now)
+            # an engine with nothing else to run schedules again at once (as an idle one does)
+            cutoff = self.handover.cutoff(now)
             new_cached, budget = self._admit_waiting(cutoff, budget, chunks)
             if not chunks and not num_decode and cutoff < now:
                 new_cached, budget = self._admit_waiting(now, budget, chunks)
@@ -532,9 +518,8 @@ class VLLMScheduler:
         self.in_flight = None
         k = len(step.decode_ends)
         last_start = step.decode_ends[-2] if k > 1 else step.start
-        self._host_done = last_start + self.step_model.host_s(
-            step.num_decode, step.num_prefill_tokens, len(step.batch))
-        self._last_step_end = now
+        self.handover.step_done(last_start + self.step_model.host_s(
+            step.num_decode, step.num_prefill_tokens, len(step.batch)), now)
         if self.thermal is not None:
             tokens = step.num_prefill_tokens + step.num_decode
             share = step.num_prefill_tokens / tokens if tokens else 0.0
@@ -610,14 +595,3 @@ class VLLMScheduler:
     # --- results -------------------------------------------------------------------------
     def token_times(self, req: EngineRequest) -> array[float]:
         return req.token_times(self.step_end_times, self.num_steps)
-
-    def held_blocks(self) -> Iterable[tuple[str, int]]:
-        """(rid, blocks held) of every running request: for invariant checks."""
-        in_step = 1 if self.in_flight is not None and self.in_flight.num_decode else 0
-        for rid, seq in self.running.items():
-            if seq.mode == "decode":
-                computed = (seq.req.prompt_len + seq.req.gen_base
-                            + self.num_steps - seq.req.join_step - 1 + in_step)
-                yield rid, cdiv(computed, self.cfg.block_size)
-            else:
-                yield rid, seq.num_blocks
