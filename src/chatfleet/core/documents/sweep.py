@@ -8,7 +8,8 @@ SweepDoc        schema, target, workload, slo, points, knee, knee_rate, throughp
                 tpot_ms, e2e_ms, cached_token_share, engine, gpu, client, itl_stat,
                 itl_estimated, thin, in_flight_max, window_s, time_scale
                 + a live run's extras (LiveRun: token_check, run_index, flush_check, cooldown,
-                  clock_floor_mhz, files, wall_s) or a fleet's (FleetBlock: fleet)
+                  clock_floor_mhz, files, wall_s, prompt_texts) or a fleet's (FleetBlock:
+                  fleet)
     Load        ClosedLoad {"mode": "closed", "concurrency": N}
                 | OpenLoad {"mode": "open", "rate_rps": R, "arrival": ..., "burstiness": B}
     Quantiles   ttft_ms, itl_ms, tpot_ms, e2e_ms: p50, p90, p99, max, n
@@ -43,7 +44,14 @@ from chatfleet.core.documents.blocks import (
     SampledPower,
     TempStats,
 )
-from chatfleet.core.documents.extras import Cooldown, FleetBlock, LiveRun, RunFiles, TokenCheck
+from chatfleet.core.documents.extras import (
+    Cooldown,
+    FleetBlock,
+    LiveRun,
+    PromptTexts,
+    RunFiles,
+    TokenCheck,
+)
 from chatfleet.core.documents.fields import (
     DocumentError,
     Extra,
@@ -76,8 +84,8 @@ from chatfleet.core.slo import SLO
 __all__ = [  # the sweep document's types, wherever they live
     "MODES", "SCHEMA", "ClientBlock", "ClockStats", "ClosedLoad", "Cooldown", "EngineBlock",
     "FleetBlock", "GpuBlock", "Knee", "LiveRun", "Load", "Mode", "ModelledGpu", "ModelledPower",
-    "OpenLoad", "Peak", "Quantiles", "RequestCounts", "RunFiles", "SampledGpu", "SampledPower",
-    "SweepDoc", "SweepPoint", "Target", "TempStats", "TokenCheck", "check_mode",
+    "OpenLoad", "Peak", "PromptTexts", "Quantiles", "RequestCounts", "RunFiles", "SampledGpu",
+    "SampledPower", "SweepDoc", "SweepPoint", "Target", "TempStats", "TokenCheck", "check_mode",
     "load_from_json", "points_from_json", "valid_points",
 ]
 
