@@ -3,7 +3,7 @@
 Usage:
     .venv/bin/python benchmarks/harness_loop_lag.py [--users 64] [--time-scale 3]
         [--duration 30] [--warmup 10] [--repeat 3] [--lengths sharegpt|fixed]
-        [--length-file FILE] [--turns 1] [--json FILE]
+        [--length-file FILE] [--turns 1] [--pin] [--json FILE]
         [--target URL --engine vllm --telemetry nvml --no-flush]
 
 Each repeat starts `chatfleet simserver` (L4 model, FP8 weights and KV cache) as a subprocess at
@@ -123,8 +123,11 @@ def run_once(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, An
         k, url, engine = 1.0, args.target, args.engine
     else:
         k, engine = args.time_scale, "simserver"
+        server_cpus, client_cpus = args.cpus
         srv = SimServer(workdir / f"trace-{seed}.jsonl", workdir / f"simserver-{seed}.log",
-                        None, time_scale=k)
+                        None, time_scale=k, cpus=server_cpus)
+        if client_cpus is not None:  # the client (and its prompt workers) on the others
+            os.sched_setaffinity(0, client_cpus)
         url = srv.start()
     try:
         cfg = LiveSweepConfig(
@@ -170,8 +173,12 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3-8b", help="the served model name")
     ap.add_argument("--telemetry", default="none", help="as chatfleet sweep --telemetry")
     ap.add_argument("--no-flush", dest="flush", action="store_false")
+    ap.add_argument("--pin", action="store_true", help="the simserver on the first CPU, the "
+                    "client and its prompt workers on the others")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    args.cpus = (({cpus[0]}, set(cpus[1:])) if args.pin and len(cpus) > 1 else (None, None))
     load = os.getloadavg()
     runs = []
     with tempfile.TemporaryDirectory(prefix="loop-lag-") as tmp:

@@ -49,7 +49,7 @@ def test_the_shadow_lists_each_users_turns_whatever_the_order_of_completions(
     # name turns by them
     assert {(s.session_id, s.turn): s.segments[-1][0] for s in a} != {
         (s.session_id, s.turn): s.segments[-1][0] for s in b}
-    ahead = TurnsAhead(cfg, 7, ClosedLoad(8), window_end=100.0)
+    ahead = TurnsAhead(cfg, 7, ClosedLoad(8), window_end=1e9)  # no end in sight
     assert ahead.streams == 8
     for sent in (a, b):
         for user in range(8):
@@ -61,6 +61,22 @@ def test_the_shadow_lists_each_users_turns_whatever_the_order_of_completions(
         later = [Turn.of(s) for s in a if s.user == spec.user]
         i = later.index(Turn.of(spec))
         assert ahead.following(spec, 2) == ahead.turns(spec.user, i + 3)[i + 1:]
+
+
+def test_a_users_lookahead_stops_at_what_it_will_send_before_the_window_ends() -> None:
+    """At its pace so far (a turn every 20 s here) a user at 55 s of a 60 s window sends one
+    more turn at most: two are built ahead (half again, and one), not three."""
+    driver = ClosedLoop(Workload(CFG, random.Random(5)), 1)
+    ahead = TurnsAhead(CFG, 5, ClosedLoad(1), window_end=60.0)
+    first = driver.start()[0]
+    assert len(ahead.following(first, 3)) == 3  # no pace yet
+    second = driver.on_done(first, 20.0)  # think time comes on top of the 20 s
+    assert len(ahead.following(second, 3)) == 3
+    third = driver.on_done(second, 40.0)
+    third.scheduled_time = 55.0
+    assert len(ahead.following(third, 3)) == 2
+    third.scheduled_time = 70.0  # past the window's end: still the one after it
+    assert len(ahead.following(third, 3)) == 1
 
 
 def test_the_first_turns_come_in_the_order_they_are_needed() -> None:

@@ -35,6 +35,9 @@ from chatfleet.core.workload.sessions import RequestSpec, Workload
 # run's turn is listed before it is sent (or found at once); one the shadow never makes is
 # not looked for without end.
 SEARCH_LIMIT = 64
+# A user's pace so far may be slower than its pace to come (its first turns prefilled a cold
+# cache): the turns it may still send are counted half again over.
+PACE_MARGIN = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +67,11 @@ class TurnsAhead:
         # per stream, the next request to list (None: the stream has ended)
         self._next: list[RequestSpec | None] = []
         self._last_arrival = 0.0  # open loop: the time of the last session listed
+        self._start: list[float] = []  # closed loop: each user's first send (its ramp-up)
         if isinstance(self._driver, ClosedLoop):
-            self._next = list(self._driver.start())
+            firsts = self._driver.start()
+            self._next = list(firsts)
+            self._start = [spec.scheduled_time for spec in firsts]
         else:
             first = self._driver.next_arrival(0.0)
             self._last_arrival = first.scheduled_time
@@ -130,8 +136,9 @@ class TurnsAhead:
         return spec.user if isinstance(self._driver, ClosedLoop) else 0
 
     def following(self, spec: RequestSpec, count: int) -> list[Turn]:
-        """The `count` turns that follow `spec`'s in its stream (empty when `spec` is not one
-        of the run's: the shadow never listed it)."""
+        """The `count` turns that follow `spec`'s in its stream, fewer where a closed-loop
+        user will not send that many before the window ends (`still_to_send`); empty when
+        `spec` is not one of the run's (the shadow never listed it)."""
         stream = self.stream_of(spec)
         if not 0 <= stream < self.streams:
             return []
@@ -142,7 +149,24 @@ class TurnsAhead:
         where = self._where.get(key)
         if where is None or where[0] != stream:
             return []
-        return self.turns(stream, where[1] + 1 + count)[where[1] + 1:]
+        position = where[1]
+        still = self.still_to_send(spec, position)
+        if still is not None:
+            count = min(count, still)
+        return self.turns(stream, position + 1 + count)[position + 1:]
+
+    def still_to_send(self, spec: RequestSpec, position: int) -> int | None:
+        """How many turns a closed-loop user may still send after `spec` (the `position`-th
+        turn of its stream) before the window ends, at its own pace so far (the time since its
+        first turn over the turns since), with `PACE_MARGIN` and one turn on top; None before
+        it has a pace (its first turn) and for an open loop."""
+        if not isinstance(self._driver, ClosedLoop) or position == 0:
+            return None
+        elapsed = spec.scheduled_time - self._start[spec.user]
+        if elapsed <= 0:
+            return None
+        left = (self.window_end - spec.scheduled_time) * position / elapsed
+        return max(0, math.ceil(left * PACE_MARGIN)) + 1
 
     def knows(self, spec: RequestSpec) -> bool:
         """Whether the shadow listed `spec`'s turn, with the same user message length."""
