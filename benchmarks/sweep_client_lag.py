@@ -4,7 +4,7 @@ Usage:
     .venv/bin/python benchmarks/sweep_client_lag.py [--users 1,16,64,256] [--repeat 2]
         [--duration 60] [--warmup 10] [--drain 120] [--input-len 512] [--output-len 128]
         [--system-prompt-tokens 2048] [--api chat|completions-ids] [--time-scale 1]
-        [--no-pin] [--json FILE] [--keep DIR]
+        [--no-pin] [--json FILE] [--keep DIR [--reanalyse]]
 
 What a new user does (issue 21): `chatfleet simserver --trace` (L4 model, FP8 weights and KV
 cache) in one process pinned to the first CPU, and `chatfleet sweep` through the chat API (the
@@ -23,6 +23,8 @@ the simserver's trace (the server's CLOCK_MONOTONIC when it wrote each token):
   goodput_rps (the same over the requests meeting the target, judged on the trace's token
   times from the client's send time), and beside them the old count (requests whose last token
   arrived in the window), and the window's cycles;
+- the phase: the trace's own tok/s over the window slid back into the warm-up by 0-5 s, its
+  spread (max / min - 1) beside the 1 / cycles bound the sweep's `few_cycles` warns with;
 - the machine: the CPU the client (sweep and its prompt workers), the server and everything
   else used during the sweep, in cores, and the load average (other work on a shared machine
   shows there).
@@ -65,6 +67,9 @@ from trace_rates import trace_rates
 
 TARGET_LAG_MS = 5.0
 TARGET_USERS = 256
+# The window slid back into the warm-up by these seconds (forward it would reach the drain,
+# where no request is sent): how much the trace's own rate moves with the window's phase.
+SLIDE_S = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
 
 
 def sweep_argv(url: str, args: argparse.Namespace, out: Path) -> list[str]:
@@ -132,6 +137,7 @@ class Run:
     window_cycles: float | None
     few_cycles: bool | None
     rates: dict[str, dict[str, float]] = field(default_factory=dict)
+    phase_spread: float | None = None  # the trace's tok/s over the window slid back, max/min - 1
 
 
 def rel(ours: float, truth: float) -> float:
@@ -157,6 +163,8 @@ def analyse(point: dict[str, Any], records: list[RequestRecord],
                               for r, t in matched]) if matched else np.zeros(1)
     t0 = float(np.median(offsets))  # the run's clock zero on the server's monotonic clock
     truth = trace_rates(records, trace, t0, (start, end))
+    slid = [trace_rates(records, trace, t0, (start - d, end - d)).output_tok_s
+            for d in SLIDE_S if d <= start]
     rates = {k: {"sweep": float(point[k]), "trace": v, "rel": rel(float(point[k]), v)}
              for k, v in (("output_tok_s", truth.output_tok_s),
                           ("request_rps", truth.request_rps),
@@ -176,7 +184,8 @@ def analyse(point: dict[str, Any], records: list[RequestRecord],
         failed=sum(1 for r in records if r.outcome in ("error", "timeout", "cancelled")),
         mismatched_tokens=int(check.get("mismatched", 0)), unmatched=unmatched,
         window_cycles=point.get("window_cycles"), few_cycles=point.get("few_cycles"),
-        rates=rates)
+        rates=rates, phase_spread=max(slid) / min(slid) - 1 if slid and min(slid) > 0
+        else None)
 
 
 def run_sweep(args: argparse.Namespace, workdir: Path) -> tuple[list[Run], Machine]:
@@ -213,15 +222,22 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> tuple[list[Run], Machi
     if proc.returncode != 0:
         raise SystemExit(f"chatfleet sweep exited with {proc.returncode}; see "
                          f"{workdir / 'sweep.log'}")
+    (workdir / "machine.json").write_text(json.dumps(asdict(machine)))
+    return read_runs(workdir), machine
+
+
+def read_runs(workdir: Path) -> list[Run]:
+    """Every run of the sweep in `workdir`, against its trace."""
+    out = workdir / "sweep"
     doc = orjson.loads((out / "sweep.json").read_bytes())
-    trace = read_trace(trace_path)
+    trace = read_trace(workdir / "trace.jsonl")
     runs = []
     for point in doc["points"]:
         path = out / point["files"]["records"]
         records = [record_of(orjson.loads(x)) for x in path.read_bytes().splitlines()
                    if x.strip()]
         runs.append(analyse(point, records, trace))
-    return runs, machine
+    return runs
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -229,10 +245,14 @@ def fmt(x: float | None, nd: int = 2) -> str:
     return "-" if x is None or x != x else f"{x:.{nd}f}"
 
 
+def pct(x: float | None) -> str:
+    return "-" if x is None or x != x else f"{100 * x:.1f}%"
+
+
 def rows(runs: list[Run]) -> Iterator[str]:
     yield (f"{'users':>5} {'run':>3} {'valid':>5} {'send p99':>8} {'send max':>8} "
            f"{'loop p99':>8} {'loop max':>8} {'ahead':>6} {'ahead s':>7} {'in run':>6} "
-           f"{'late':>4} {'cycles':>6}")
+           f"{'late':>4} {'cycles':>6} {'1/cycles':>8} {'phase':>6}")
     for r in runs:
         t = r.prompt_texts or {}
         yield (f"{r.users:5d} {r.run_index:3d} {'yes' if r.valid else 'NO':>5} "
@@ -240,7 +260,9 @@ def rows(runs: list[Run]) -> Iterator[str]:
                f"{fmt(r.loop_lag_ms_p99):>8} {fmt(r.loop_lag_ms_max):>8} "
                f"{t.get('built_ahead', '-'):>6} {fmt(t.get('ahead_s'), 1):>7} "
                f"{t.get('built_in_run', '-'):>6} {t.get('late', '-'):>4} "
-               f"{fmt(r.window_cycles, 1) + ('!' if r.few_cycles else ''):>6}")
+               f"{fmt(r.window_cycles, 1) + ('!' if r.few_cycles else ''):>6} "
+               f"{pct(1 / r.window_cycles if r.window_cycles else None):>8} "
+               f"{pct(r.phase_spread):>6}")
 
 
 def rate_rows(runs: list[Run]) -> Iterator[str]:
@@ -286,7 +308,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--keep", type=Path, default=None, help="keep the sweep, trace and logs")
+    ap.add_argument("--reanalyse", action="store_true",
+                    help="read the sweep kept in --keep again instead of running one")
     args = ap.parse_args()
+    if args.reanalyse and args.keep is None:
+        raise SystemExit("--reanalyse reads the sweep kept in --keep DIR")
     tmp = None
     if args.keep is not None:
         workdir = args.keep
@@ -301,12 +327,18 @@ def main() -> None:
           f"{'server on the first CPU, client on the others' if not args.no_pin else 'unpinned'}"
           f" of {os.cpu_count()}", flush=True)
     try:
-        runs, machine = run_sweep(args, workdir)
+        if args.reanalyse:  # a kept sweep, read again
+            runs = read_runs(workdir)
+            machine = Machine(**json.loads((workdir / "machine.json").read_text()))
+        else:
+            runs, machine = run_sweep(args, workdir)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     print("\nthe client (ms; the sweep's window figures), its prompt texts (built ahead, "
-          "seconds, built in the run, late requests) and the window's cycles (! few)")
+          "seconds, built in the run, late requests), the window's cycles (! few) with the "
+          "bound they set on a rate's phase error, and the spread of the trace's own tok/s "
+          f"over the window slid back by {SLIDE_S[0]:g}-{SLIDE_S[-1]:g} s (max / min - 1)")
     for line in rows(runs):
         print(line)
     print("\nrates: the sweep's against the trace's (share of each request's tokens in the "

@@ -381,7 +381,6 @@ class LivePoints:
                 bounds_ms=(c.max_send_lag_ms, c.max_loop_lag_ms)),
             time_scale=sw.time_scale, live=live)
 
-
     async def build_ahead(self, payload: Payload, workload: Workload, load: Load, seed: int,
                           index: int, window_end: float) -> None:
         """Before the run's clock starts, a chat payload builds the texts the run will send
