@@ -114,8 +114,10 @@ def calibrate_cmd(
             fail(f"--gemm-eff {gemm_eff}: a share of the card's peak FLOPS, in (0, 1]")
         how = choose_method(from_, engine_model, method)
         if how == "steps":
-            held = None if hold is None else [] if hold == "none" else parse_list(
-                hold, str, "--hold")
+            held = None if hold is None else [] if hold == "none" else [
+                name.strip() for name in hold.split(",") if name.strip()]
+            if held == [] and hold != "none":
+                fail("--hold is empty: names of the constants to hold, or none")
             prof = fit_profile(from_, gpu=gpu, model=model, weights=weights,
                                kv_cache=kv_cache, hold=held)
         else:
