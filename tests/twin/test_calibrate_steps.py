@@ -27,7 +27,8 @@ from chatfleet.twin.sweep import TwinSweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 TRUTH = StepParams(decode_fixed_s=0.004, prefill_extra_s=0.003, per_seq_s=0.0002,
-                   launch_s=0.018, bandwidth_eff=0.6741, gemm_eff=0.6828, attn_eff=0.5)
+                   launch_s=0.018, bandwidth_eff=0.6741, gemm_eff=0.6828, attn_eff=0.5,
+                   kv_read_eff=0.6741)
 FRONTEND_S = 0.030
 
 

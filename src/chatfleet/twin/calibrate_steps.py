@@ -186,7 +186,8 @@ def fit_profile(paths: Sequence[Path], *, gpu: str | None = None, model: str | N
     prior = StepParams.from_calibration(base, w)
     physics = card_physics(card.name, w)
     if physics is not None:
-        prior = replace(prior, bandwidth_eff=physics.bandwidth_eff, gemm_eff=physics.gemm_eff)
+        prior = replace(prior, bandwidth_eff=physics.bandwidth_eff, gemm_eff=physics.gemm_eff,
+                        kv_read_eff=physics.bandwidth_eff)
     held = list(hold) if hold is not None else (
         ["bandwidth_eff", "gemm_eff"] if physics is not None else [])
     runs = [(f"{i}:{lp.label}" if len(sweeps) > 1 else lp.label, samples_of(sw, lp), True)
@@ -204,6 +205,10 @@ def fit_profile(paths: Sequence[Path], *, gpu: str | None = None, model: str | N
               if lp.point.requests.offered < THIN_REQUESTS]
     notes += [f"{load_text(p)}: no records, left out of the step fit (replayed below)"
               for sw in sweeps for p in sw.without_records]
+    if "kv_read_eff" not in held and "kv_read_eff" in fit.held:
+        notes.append("kv_read_eff: these steps' contexts cannot tell the KV cache's read rate "
+                     "from the weights' (held at bandwidth_eff); fit on a sweep whose contexts "
+                     "are as long as those you will serve")
     notes += [f"{t.name} is weakly identified by these steps (kept near {t.value:.3g})"
               for t in fit.terms if t.weakly_identified]
     fitted = {id(lp.point) for sw in sweeps for lp in sw.points}
