@@ -45,9 +45,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # and compiled code turns an int into a float where a float is annotated, which the knee's
 # loads are).
 NATIVE_MODULES = (
-    "core/engine/block_pool.py", "core/engine/decode_run.py", "core/engine/eviction.py",
-    "core/engine/handover.py",
-    "core/engine/host_tier.py", "core/engine/kv_cache_manager.py",
+    "core/engine/base_scheduler.py", "core/engine/block_pool.py", "core/engine/decode_run.py",
+    "core/engine/eviction.py", "core/engine/handover.py", "core/engine/host_tier.py",
+    "core/engine/kv_cache_manager.py",
     "core/engine/kv_pool.py", "core/engine/mixed_step.py", "core/engine/prefill_adder.py",
     "core/engine/radix.py", "core/engine/request.py", "core/engine/scheduler.py",
     "core/engine/step.py", "core/engine/step_time.py", "core/engine/steplog.py",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from chatfleet.core.engine.protocol import EngineModel
+from chatfleet.core.engine.protocol import EngineModel, EngineReadings
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec
@@ -126,7 +126,7 @@ def add_request(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int],
     return kick(loop, scheds, step_gen, i, now, horizon, step_end)
 
 
-def make_record(sched: EngineModel, replica: str, spec: RequestSpec, req: EngineRequest,
+def make_record(sched: EngineReadings, replica: str, spec: RequestSpec, req: EngineRequest,
                 request_id: str, arrived: float, outcome: str) -> RequestRecord:
     """The record of a request the engine model served (token times from its step log)."""
     times = sched.token_times(req)
