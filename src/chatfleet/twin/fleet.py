@@ -110,11 +110,12 @@ class FleetConfig:
 class _Attempt:
     spec: RequestSpec
     attempt: int
-    replica: int | None
-    req: EngineRequest | None
-    offered: float  # when the gateway got it
-    admitted: float  # when the gateway admitted it
-    first_seen: bool  # its first token has reached the gateway (a reserve sample)
+    # its progress, which every attempt starts afresh (replace() makes the next attempt)
+    replica: int | None = field(init=False)
+    req: EngineRequest | None = field(init=False)
+    offered: float = field(init=False)  # when the gateway got it
+    admitted: float = field(init=False)  # when the gateway admitted it
+    first_seen: bool = field(init=False)  # its first token reached the gateway (a reserve sample)
 
     # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, spec: RequestSpec, attempt: int) -> None:
