@@ -27,8 +27,7 @@ import heapq
 from array import array
 
 from chatfleet.core.engine.decode_run import advance_thermal
-from chatfleet.core.engine.radix import as_tokens
-from chatfleet.core.engine.request import EngineRequest, Segment
+from chatfleet.core.engine.request import EngineRequest, Segment, as_tokens
 from chatfleet.core.engine.step import Step, StepResult
 from chatfleet.core.engine.steplog import NO_THERMAL, StepLog, ThermalFigures
 from chatfleet.core.engine.thermal import ThermalState

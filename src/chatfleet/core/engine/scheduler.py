@@ -44,8 +44,7 @@ from chatfleet.core.engine.host_tier import (
 )
 from chatfleet.core.engine.kv_pool import KVPool
 from chatfleet.core.engine.prefill_adder import CLIP_MAX_NEW_TOKENS, PrefillAdder
-from chatfleet.core.engine.radix import as_tokens
-from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.engine.request import EngineRequest, as_tokens
 from chatfleet.core.engine.step import Step, StepResult
 from chatfleet.core.engine.step_time import StepTimeModel
 from chatfleet.core.engine.steplog import ThermalFigures

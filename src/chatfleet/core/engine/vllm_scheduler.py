@@ -58,8 +58,7 @@ from chatfleet.core.engine.decode_run import run_ends
 from chatfleet.core.engine.handover import HandOver
 from chatfleet.core.engine.kv_cache_manager import KVCacheManager, VLLMRequest, cdiv
 from chatfleet.core.engine.mixed_step import MixedStepModel
-from chatfleet.core.engine.radix import as_tokens
-from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.engine.request import EngineRequest, as_tokens
 from chatfleet.core.engine.step import Step, StepKind, StepResult
 from chatfleet.core.engine.step_time import attention_pairs
 from chatfleet.core.engine.steplog import ThermalFigures
