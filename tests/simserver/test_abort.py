@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from chatfleet.simserver.server import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
 from .conftest import (
     HTTP_TIMEOUT,
@@ -23,7 +24,6 @@ from .conftest import (
     post,
     raw_stream_request,
     sse_events,
-    wait_for,
 )
 
 pytestmark = pytest.mark.timeout(60)
