@@ -42,7 +42,7 @@ from chatfleet.core.workload import (
     WorkloadConfig,
     driver_for,
 )
-from chatfleet.twin.events import add_request, kick, make_record
+from chatfleet.twin.events import StepKey, add_request, kick, make_record
 from chatfleet.twin.loop import Event, EventLoop
 from chatfleet.twin.run import PointRun, engine_block, gpu_block
 
@@ -244,7 +244,7 @@ class _FleetRun:
     def kick(self, i: int, now: float) -> list[Event]:
         return kick(self.loop, self.scheds, self.step_gen, i, now, self.horizon, self.step_end)
 
-    def step_end(self, key: tuple[int, int], now: float) -> Iterable[Event]:
+    def step_end(self, key: StepKey, now: float) -> Iterable[Event]:
         i, gen = key
         if gen != self.step_gen[i]:
             return []
