@@ -35,6 +35,7 @@ from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.engines.simserver import SimserverAdapter
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
 from chatfleet.twin.sweep import TwinPoints, TwinSweep
+from tests.waiting import wait_for
 
 SMALL = WorkloadConfig(system_prompt_tokens=256, lengths=LengthSpec("fixed", 64, 32))
 
@@ -78,7 +79,7 @@ def test_a_refused_flush_makes_the_run_invalid(tmp_path: Path,
 
         t = threading.Thread(target=hold, daemon=True)
         t.start()
-        time.sleep(0.5)
+        assert wait_for(lambda: srv.replicas[0].sched.num_running() == 1)  # it holds the engine
         doc = asyncio.run(LiveSweep(config([url], tmp_path / "s", closed(2))).run())
         stop.set()
         t.join(10)

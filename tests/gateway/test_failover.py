@@ -23,7 +23,8 @@ from tests.gateway.conftest import (
     gateway,
     gateway_config,
 )
-from tests.gateway.test_relay import chat, wait_for
+from tests.gateway.test_relay import chat
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

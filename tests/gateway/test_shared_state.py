@@ -24,7 +24,8 @@ from chatfleet.jobs.parity import max_in_flight_from_trace
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
 from tests.gateway.conftest import Fake, gateway, gateway_config
 from tests.gateway.redis_server import redis_server
-from tests.gateway.test_relay import chat, wait_for
+from tests.gateway.test_relay import chat
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 

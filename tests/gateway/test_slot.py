@@ -14,7 +14,8 @@ from chatfleet.gateway.fleet import LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics
 from chatfleet.gateway.slots import Slot
 from tests.gateway.conftest import Fake, gateway, gateway_config
-from tests.gateway.test_relay import chat, raw_connection, raw_post, wait_for
+from tests.gateway.test_relay import chat, raw_connection, raw_post
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -47,8 +47,8 @@ from chatfleet.cli.render_fit import print_judgement, print_profile
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.documents.sweep import SweepDoc
 from chatfleet.core.engine.build import EngineSpec, provenance_of, scaled_spec
+from chatfleet.core.engine.eviction import EVICTION_POLICIES
 from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY
-from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.fleet.routing import SPILL_RULES
 from chatfleet.core.slo import SLO
