@@ -173,7 +173,13 @@ def test_resume_after_an_interrupted_sweep_loses_no_finished_run(tmp_path: Path)
 def test_a_flushed_sweep_of_two_simservers_finds_the_twins_knees(tmp_path: Path) -> None:
     wcfg = WorkloadConfig(lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm"))
     slo = SLO()
-    grids = {"bf16": closed(2, 4, 8), "fp8": closed(8, 16, 32)}
+    # each grid's knee is one the wall clock can hold on a shared 2-core machine: in the twin
+    # the load that meets has its TPOT p99 20% or more under the target (2 users BF16: 79 ms;
+    # 8 users FP8: 61 ms) and the one that fails misses by far (attainment 0.68 and 0.15).
+    # A grid with 4 BF16 users (92 ms, 8% under) failed at random under load: at time_scale
+    # 10 its margin is 0.9 ms of real time a token, less than a busy machine's scheduling
+    # delays
+    grids = {"bf16": closed(2, 8), "fp8": closed(8, 32)}
     for prec, loads in grids.items():
         eng = spec(prec)
         twin = TwinSweep(eng, wcfg, slo, duration_s=90.0, warmup_s=10.0, seed=21).run(loads)
