@@ -86,8 +86,9 @@ from chatfleet.bench.sweep import LiveSweepConfig, p99
 from chatfleet.bench.text_pool import TextPool
 from chatfleet.core.documents.sweep import ClosedLoad, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import ClosedLoop, LengthSpec, Workload, WorkloadConfig
 from chatfleet.core.workload.ahead import TurnsAhead

@@ -29,7 +29,7 @@ from chatfleet.core.documents.sweep import (
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.measure import validity
 from chatfleet.core.measure.validity import below_clock_floor
-from chatfleet.core.metrics import SLO
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.engines.simserver import SimserverAdapter

@@ -19,7 +19,8 @@ from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
 from chatfleet.bench.results import SweepDir
 from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.measure.point import summarize_point
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import ClosedLoop, LengthSpec, Workload, WorkloadConfig
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
