@@ -169,26 +169,6 @@ class FleetParity:
         same = sum(1 for r in ids if (self.twin[r][0] == "shed") == (self.live[r][0] == "shed"))
         return same / len(ids) if ids else 0.0
 
-    def group_agreement(self, resolution_s: float = 0.002) -> float:
-        """Like decision_agreement, with requests that arrive within `resolution_s` of each
-        other taken as one group whose admitted count is compared: in wall clock, requests
-        sent in the same millisecond reach the gateway in any order (one connection each), so
-        which of them takes the last slot is not part of what the twin can predict."""
-        sched = {self._key_of(r): r.scheduled_time for r in self.drive.records}
-        ids = sorted(self.common(), key=lambda k: sched.get(k, 0.0))
-        agree, i = 0, 0
-        while i < len(ids):
-            j = i + 1
-            while j < len(ids) and sched.get(ids[j], 0.0) - sched.get(ids[j - 1], 0.0) \
-                    < resolution_s:
-                j += 1
-            group = ids[i:j]
-            a = sum(1 for k in group if self.twin[k][0] != "shed")
-            b = sum(1 for k in group if self.live[k][0] != "shed")
-            agree += len(group) - abs(a - b)
-            i = j
-        return agree / len(ids) if ids else 0.0
-
     def arrival_swaps(self) -> list[tuple[str, str]]:
         """Neighbours the gateway took in the other order than they were scheduled, as
         (scheduled first, taken first) keys: the live fleet then got another trace than the
