@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 
 from chatfleet.bench.client import Clock, make_session
-from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
+from chatfleet.bench.drive import DriveResult, drive
+from chatfleet.bench.payload import IdsPayload
 from chatfleet.core.defaults import TWIN_DRAIN_S
 from chatfleet.core.documents.sweep import ClosedLoad, EngineBlock, Load, SweepPoint
 from chatfleet.core.engine.build import EngineSpec, step_time_model
@@ -117,7 +118,7 @@ def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s
         async def main() -> DriveResult:
             async with make_session() as session:
                 driver = ClosedLoop(Workload(wcfg, random.Random(seed)), users)
-                return await drive(srv.urls, driver, completions_with_ids("qwen3-8b"),
+                return await drive(srv.urls, driver, IdsPayload("qwen3-8b"),
                                    window_end=end, drain_s=TWIN_DRAIN_S, clock=Clock(time_scale),
                                    session=session)
 
@@ -269,7 +270,7 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
                     workload = Workload(wcfg, random.Random(seed))
                     driver = driver_for(load, workload, arrival_times)
                     return await drive([g.url], driver,
-                                       completions_with_ids("qwen3-8b", send_rid=True),
+                                       IdsPayload("qwen3-8b", send_rid=True),
                                        window_end=end, drain_s=120.0, clock=Clock(1.0),
                                        session=session, retry_shed=True,
                                        session_header="X-Session-ID")
