@@ -26,9 +26,9 @@ from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.slo import SLO
 from chatfleet.core.workload import ClosedLoop, Workload, WorkloadConfig, driver_for
+from chatfleet.gateway.admission import DecisionLog, fleet_settings
 from chatfleet.gateway.app import Gateway
 from chatfleet.gateway.config import GatewayConfig, Overrides, Routing
-from chatfleet.gateway.fleet import DecisionLog, fleet_settings
 from chatfleet.gateway.server import serve_in_thread as gateway_in_thread
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
 from chatfleet.twin.fleet import run_fleet_point
@@ -277,7 +277,7 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
 
             res = asyncio.run(main())
             reserves = {n: g.gateway.fleet.ac.reserve_s(n) for n in names}
-            routes = {str(k): v for k, v in g.gateway.fleet.core.num_routes.items()}
+            routes = {str(k): v for k, v in g.gateway.fleet.admission.core.num_routes.items()}
             ttft = g.gateway.metrics.ttft
             within = sum(c for bound, c in zip(ttft.bounds, ttft.counts, strict=False)
                          if bound <= fleet.ttft_budget_s)
