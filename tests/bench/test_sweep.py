@@ -14,8 +14,10 @@ from typing import Any
 import orjson
 import pytest
 
-from chatfleet.bench import sweep as sweep_mod
-from chatfleet.bench.sweep import LivePoints, LiveSweep, LiveSweepConfig
+from chatfleet.bench import live_run
+from chatfleet.bench.live_run import LivePoints
+from chatfleet.bench.sweep import LiveSweep
+from chatfleet.bench.sweep_config import LiveSweepConfig
 from chatfleet.core.documents.sweep import (
     ClosedLoad,
     GpuBlock,
@@ -29,7 +31,7 @@ from chatfleet.core.documents.sweep import (
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.measure import validity
 from chatfleet.core.measure.validity import below_clock_floor
-from chatfleet.core.metrics import SLO
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.engines.simserver import SimserverAdapter
@@ -63,7 +65,7 @@ def closed(*users: int) -> list[Load]:
 @pytest.mark.timeout(120)
 def test_a_refused_flush_makes_the_run_invalid(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sweep_mod, "FLUSH_RETRY_S", 0.05)
+    monkeypatch.setattr(live_run, "FLUSH_RETRY_S", 0.05)
     with serve_in_thread(ServerConfig(spec=spec(), time_scale=20)) as srv:
         url = srv.urls[0]
         stop = threading.Event()
@@ -227,7 +229,7 @@ def test_the_live_and_the_twin_sweep_refine_by_one_policy(tmp_path: Path,
 
     async def fake_run(self: LivePoints, load: Load, index: int) -> SweepPoint:
         return replace(synthetic(load), live=LiveRun(run_index=index),
-                       seed=self.sweep.cfg.seed + index)
+                       seed=self.ctx.cfg.seed + index)
 
     async def no_target(self: LiveSweep, session: Any) -> None:
         self.target = {"engine": "simserver"}
@@ -250,7 +252,7 @@ def test_live_refinement_stops_at_its_users_and_time_bounds(
     async def fake_run(self: LivePoints, load: Load, index: int) -> SweepPoint:
         await asyncio.sleep(0.05)
         return SweepPoint(load=load, attainment=1.0, valid=True, live=LiveRun(run_index=index),
-                          seed=self.sweep.cfg.seed + index, output_tok_s=1.0)
+                          seed=self.ctx.cfg.seed + index, output_tok_s=1.0)
 
     async def no_target(self: LiveSweep, session: Any) -> None:
         self.target = {"engine": "simserver"}
