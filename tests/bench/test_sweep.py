@@ -197,12 +197,15 @@ def test_a_flushed_sweep_of_two_simservers_finds_the_twins_knees(tmp_path: Path)
 @pytest.mark.timeout(240)
 def test_refine_bisects_the_knee_bracket_down_to_one_user(tmp_path: Path) -> None:
     wcfg = WorkloadConfig(lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm"))
-    with serve_in_thread(ServerConfig(spec=spec("fp8"), time_scale=20)) as srv:
-        cfg = config(srv.urls, tmp_path / "s", closed(4, 64), wcfg=wcfg, duration_s=40.0,
+    # time_scale 10 and a bracket from 2 users (TPOT p99 far under the target) so the
+    # bracket's low end meets on a busy machine too (at time_scale 20 from 4 users it failed
+    # at random under load: the knee is the simserver's wall clock's, not the policy's)
+    with serve_in_thread(ServerConfig(spec=spec("fp8"), time_scale=10)) as srv:
+        cfg = config(srv.urls, tmp_path / "s", closed(2, 64), wcfg=wcfg, duration_s=40.0,
                      warmup_s=5.0, refine=True, refine_max_runs=6)
         doc = asyncio.run(LiveSweep(cfg).run())
     tested = [p.load.value for p in doc.points]
-    assert tested[:2] == [4, 64]
+    assert tested[:2] == [2, 64]
     assert len(tested) > 2  # the bracket (4, 64) was bisected
     knee = doc.knee
     assert knee.meets is not None and knee.fails is not None
