@@ -17,8 +17,8 @@ from chatfleet.cli import app
 from chatfleet.core.calibration import vllm_calibration_for
 from chatfleet.core.documents.sweep import ClosedLoad, Load, OpenLoad
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO
 from chatfleet.core.records import record_to_json
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.stepfit.model import StepParams
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
@@ -112,6 +112,12 @@ def test_hold_takes_constant_names_and_refuses_unknown_ones(tmp_path: Path) -> N
     assert res.exit_code == 0, res.output
     held = json.loads(out.read_text())["assumptions"]
     assert set(held) == {"gemm_eff", "attn_eff"}
+    # by default the card's measured physics and the KV read rate (the weights') are held
+    res = runner.invoke(app, ["twin", "calibrate", "--from", str(folder), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = json.loads(out.read_text())
+    assert set(prof["assumptions"]) == {"bandwidth_eff", "gemm_eff", "kv_read_eff"}
+    assert prof["calibration"]["kv_read_eff"] == prof["calibration"]["bandwidth_eff"]
     res = runner.invoke(app, ["twin", "calibrate", "--from", str(folder), "--out", str(out),
                               "--hold", "warp_speed"])
     assert res.exit_code == 2

@@ -84,8 +84,8 @@ def calibrate_cmd(
         "one more); auto: steps where it can (docs/twin.md#calibrating-the-vllm-model)."),
     hold: str | None = typer.Option(
         None, help="steps: constants held at their prior instead of fitted, comma-separated "
-        "(default: bandwidth_eff,gemm_eff where the card's physics were measured; 'none' "
-        "frees all)."),
+        "(default: bandwidth_eff,gemm_eff,kv_read_eff where the card's physics were "
+        "measured, else kv_read_eff; 'none' frees all)."),
     gemm_eff: float = typer.Option(0.5, help="points: assumed GEMM efficiency of its prefill."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
     engine_model: str | None = typer.Option(

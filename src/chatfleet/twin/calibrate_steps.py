@@ -189,7 +189,8 @@ def fit_profile(paths: Sequence[Path], *, gpu: str | None = None, model: str | N
         prior = replace(prior, bandwidth_eff=physics.bandwidth_eff, gemm_eff=physics.gemm_eff,
                         kv_read_eff=physics.bandwidth_eff)
     held = list(hold) if hold is not None else (
-        ["bandwidth_eff", "gemm_eff"] if physics is not None else [])
+        ["bandwidth_eff", "gemm_eff", "kv_read_eff"] if physics is not None
+        else ["kv_read_eff"])
     runs = [(f"{i}:{lp.label}" if len(sweeps) > 1 else lp.label, samples_of(sw, lp), True)
             for i, sw in enumerate(sweeps) for lp in sw.points]
     fit = fit_steps(hw, prior, runs, held=held)
@@ -209,6 +210,10 @@ def fit_profile(paths: Sequence[Path], *, gpu: str | None = None, model: str | N
         notes.append("kv_read_eff: these steps' contexts cannot tell the KV cache's read rate "
                      "from the weights' (held at bandwidth_eff); fit on a sweep whose contexts "
                      "are as long as those you will serve")
+    elif "kv_read_eff" in held:
+        notes.append("kv_read_eff held at the weights' rate: free it (--hold without it) on "
+                     "a sweep whose contexts vary apart from its batch (a shared prompt, mixed "
+                     "lengths) and are as long as those you will serve")
     notes += [f"{t.name} is weakly identified by these steps (kept near {t.value:.3g})"
               for t in fit.terms if t.weakly_identified]
     fitted = {id(lp.point) for sw in sweeps for lp in sw.points}
