@@ -21,6 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 # the L4 FP8 calibration point at concurrency 1 (512 in, 128 out): 24.53 tok/s, TTFT 140.72 ms
 FP8_TPOT_S = 1 / 24.53
 FP8_TTFT_S = 0.14072
+LATE_WAKE_WALL_S = 0.010  # the replica's loop may wake this late on a busy machine
 
 
 def stream_completion(url: str, body: dict[str, Any]) -> tuple[list[float], list[Any]]:
@@ -56,7 +57,10 @@ def test_tokens_are_paced_in_scaled_wall_clock_time(url: str) -> None:
     tpot_metric = delta("sglang:time_per_output_token_seconds_sum")
     assert tpot_metric == pytest.approx(FP8_TPOT_S, rel=0.1)  # model seconds, not wall
     ttft_metric = delta("sglang:time_to_first_token_seconds_sum")
-    assert ttft_metric == pytest.approx(FP8_TTFT_S, rel=0.25)
+    # model seconds (wall seconds would be 1/TIME_SCALE of it): never early; late by the
+    # time the replica's loop took to wake for the request, which a busy machine stretches
+    # (4.3 ms of real time, 86 ms of model time, seen in a full run beside other work)
+    assert 0.9 * FP8_TTFT_S <= ttft_metric <= FP8_TTFT_S + LATE_WAKE_WALL_S * TIME_SCALE
 
 
 def test_concurrent_streams_all_complete(url: str) -> None:
