@@ -2,8 +2,8 @@
 
 Usage:
     .venv/bin/python benchmarks/harness_accuracy.py [--streams 64,256,1000] [--duration 30]
-        [--warmup 5] [--drain 90] [--json FILE] [--keep-traces DIR] [--loop asyncio|uvloop]
-        [--peer-python /tmp/peer/venv/bin/python --peer-prompts 320]
+        [--warmup 5] [--drain 90] [--api ids,chat] [--json FILE] [--keep-traces DIR]
+        [--loop asyncio|uvloop] [--peer-python /tmp/peer/venv/bin/python --peer-prompts 320]
 
 Each point starts `chatfleet simserver` (L4 model, FP8 weights, FP8 KV cache, time scale 1:
 real time) as a subprocess with `--trace`, so client and server are separate processes, and
@@ -13,14 +13,26 @@ drives N closed-loop streaming users against it with `chatfleet.bench.drive.driv
 time, all users starting at once, `Clock(1.0)`, a warm-up, a measured window (requests sent in
 [warm-up, warm-up + duration)) and a bounded drain.
 
+`--api chat` drives the same users through the chat API, the product's path, as `chatfleet
+sweep --api chat` does: real Qwen3 text of exact token counts (bench/payload.ChatPayload, its
+texts built before the clock starts in the two prompt workers), the simserver naming each
+request (its response id). Every point runs once per API given (`ids,chat` by default).
+
 Ground truth: the trace's token rows `{"type": "token", "rid", "index", "actual_mono", ...}`,
 the server's CLOCK_MONOTONIC right after it wrote the token to the socket. The client's times
 are model seconds since `clock.t0` (time.monotonic, the same system-wide CLOCK_MONOTONIC), so a
-token's client arrival is clock.t0 + t. Requests are matched by request id (sent as `rid`) and
-tokens by index. Per token: error = client arrival - server send, in ms. Per request, a "trace
+token's client arrival is clock.t0 + t. Requests are matched by the engine's response id (the
+request id sent as `rid` with token ids; the simserver's own id through chat) and tokens by
+index. Per token: error = client arrival - server send, in ms. Per request, a "trace
 record" is built from the client's send time and the trace's send times, and both record sets
 go through the same `summarize_point` the sweep uses: TTFT (from the client's send time, common
 to both) and per-token ITL percentiles are compared as relative differences.
+
+The rates against the trace's (benchmarks/trace_rates.py): output tok/s, request_rps (each ok
+request's share of its tokens written in the window) and goodput_rps (the same over the
+requests meeting the target on the trace's times), each within 1% of the trace's
+(`TARGET_RATE_REL`), and beside them the counts before issue 21 (whole requests by their last
+token, the window's requests that met the target).
 
 The client's self-measurement: send-lag and event-loop-lag p99 (DriveResult), and the verdict
 `chatfleet sweep` would give (client behind, hence invalid, when either p99 is over 50 ms:
@@ -68,17 +80,22 @@ import numpy as np
 import orjson
 
 from chatfleet.bench.client import Clock, make_session
-from chatfleet.bench.drive import LOOP_PROBE_S, DriveResult, completions_with_ids, drive
+from chatfleet.bench.drive import LOOP_PROBE_S, DriveResult, Payload, completions_with_ids, drive
+from chatfleet.bench.payload import ChatPayload
 from chatfleet.bench.sweep import LiveSweepConfig, p99
+from chatfleet.bench.text_pool import TextPool
 from chatfleet.core.documents.sweep import ClosedLoad, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import ClosedLoop, LengthSpec, Workload, WorkloadConfig
+from chatfleet.core.workload.ahead import TurnsAhead
+from chatfleet.data.tokenizer import load_qwen_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simserver_lag import SimServer
+from trace_rates import trace_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = (ROOT / ".venv" / "lib" / f"python{sys.version_info.major}."
@@ -92,6 +109,8 @@ MODEL_NAME = "qwen3-8b"
 POOL_HEADROOM = 1.25
 TARGET_ERR_P99_MS = 1.0
 TARGET_REL = 0.02
+TARGET_RATE_REL = 0.01
+APIS = ("ids", "chat")
 _SWEEP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LiveSweepConfig)}
 MAX_SEND_LAG_MS = float(_SWEEP_DEFAULTS["max_send_lag_ms"])  # type: ignore[arg-type]
 MAX_LOOP_LAG_MS = float(_SWEEP_DEFAULTS["max_loop_lag_ms"])  # type: ignore[arg-type]
@@ -189,6 +208,7 @@ async def run_load(url: str, n: int, args: argparse.Namespace) -> ClientRun:
     wcfg = WorkloadConfig(system_prompt_tokens=args.system_tokens,
                           lengths=LengthSpec("fixed", args.input_tokens, args.output_tokens))
     driver = ClosedLoop(Workload(wcfg, random.Random(args.seed)), n)
+    payload = await make_payload(wcfg, n, args)
     clock = Clock(1.0)
     session = make_session(read_timeout_s=120.0)
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -196,11 +216,13 @@ async def run_load(url: str, n: int, args: argparse.Namespace) -> ClientRun:
     probe_task = asyncio.create_task(timed_probe(clock, probe))
     try:
         res = await asyncio.wait_for(
-            drive([url], driver, completions_with_ids(MODEL_NAME, send_rid=True),
+            drive([url], driver, payload,
                   window_end=args.warmup + args.duration, drain_s=args.drain, clock=clock,
                   session=session),
             timeout=args.warmup + args.duration + args.drain + 60.0)
     finally:
+        if isinstance(payload, ChatPayload):
+            payload.close()
         probe_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await probe_task
@@ -208,6 +230,23 @@ async def run_load(url: str, n: int, args: argparse.Namespace) -> ClientRun:
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     return ClientRun(res, clock.t0, cpu, probe)
+
+
+async def make_payload(wcfg: WorkloadConfig, n: int, args: argparse.Namespace) -> Payload:
+    """Token ids (the request id sent as `rid`), or chat with its texts built before the
+    clock starts, as `chatfleet sweep --api chat` builds them (the first run of a sweep: the
+    users' first turns, the rest by the lookahead)."""
+    if args.api == "ids":
+        return completions_with_ids(MODEL_NAME, send_rid=True)
+    tok = load_qwen_tokenizer()
+    pool = TextPool(tok.directory)
+    pool.start()
+    chat = ChatPayload(tok, MODEL_NAME, pool=pool)
+    chat.reset(args.seed)
+    ahead = TurnsAhead(wcfg, args.seed, ClosedLoad(n), args.warmup + args.duration)
+    system = Workload(wcfg, random.Random(args.seed)).system_segment(0)
+    await chat.build_ahead(ahead, 0, [system] if args.system_tokens else [])
+    return chat
 
 
 def run_client(url: str, n: int, args: argparse.Namespace) -> ClientRun:
@@ -244,6 +283,7 @@ def compare(client: list[RequestRecord], truth: list[RequestRecord], n: int,
 
 @dataclasses.dataclass(slots=True)
 class Point:
+    api: str
     streams: int
     pool_tokens: int | None
     window_requests: int
@@ -284,7 +324,8 @@ def analyse(n: int, run: ClientRun, trace: Trace, args: argparse.Namespace,
     server_lag: list[np.ndarray] = []
     mismatched = 0
     for r in members:
-        act = trace.actual.get(r.request_id)
+        rid = r.response_id or r.request_id
+        act = trace.actual.get(rid)
         ct = np.asarray(r.token_times, dtype=np.float64)
         if act is None or act.size != ct.size or ct.size == 0:
             mismatched += 1
@@ -293,7 +334,7 @@ def analyse(n: int, run: ClientRun, trace: Trace, args: argparse.Namespace,
         errs.append((ct - tt) * 1000.0)
         gap_errs.append((np.diff(ct) - np.diff(tt)) * 1000.0)
         ttft_errs.append((ct[0] - tt[0]) * 1000.0)
-        server_lag.append((act - trace.planned[r.request_id]) * 1000.0)
+        server_lag.append((act - trace.planned[rid]) * 1000.0)
         client_recs.append(r)
         truth_recs.append(RequestRecord(
             r.request_id, r.session_id, r.turn, replica=r.replica,
@@ -325,7 +366,8 @@ def analyse(n: int, run: ClientRun, trace: Trace, args: argparse.Namespace,
                  if window[0] <= r.send_time < window[1])
     busy_s = res.wall_s
     return Point(
-        streams=n, pool_tokens=pool, window_requests=len(members), matched=len(client_recs),
+        api=args.api, streams=n, pool_tokens=pool, window_requests=len(members),
+        matched=len(client_recs),
         tokens=int(err.size),
         err_ms={"min": float(err.min()) if err.size else float("nan"),
                 "p50": pct(err, 50), "p90": pct(err, 90), "p99": pct(err, 99),
@@ -348,7 +390,8 @@ def analyse(n: int, run: ClientRun, trace: Trace, args: argparse.Namespace,
                "server_lag_ms_p50": pct(slag, 50), "server_lag_ms_max":
                float(slag.max()) if slag.size else float("nan"),
                "ttft_err_ms_max": max(ttft_errs, default=float("nan")),
-               "output_tok_s": tok_s},
+               "output_tok_s": tok_s,
+               "rates": request_rates(res.records, trace, t0, n, window)},
     )
 
 
@@ -372,12 +415,31 @@ def throughput(records: list[RequestRecord], trace: Trace, t0: float, n: int,
             "sent_in_window_rel": rel(by_send, truth)}
 
 
+def request_rates(records: list[RequestRecord], trace: Trace, t0: float, n: int,
+                  window: tuple[float, float]) -> dict[str, Any]:
+    """request_rps and goodput_rps as the sweep reports them against the trace's
+    (trace_rates.py), with the counts before issue 21 beside them, and the window's cycles."""
+    point = summarize_point(records, load=ClosedLoad(n), window=window,
+                            slo=SLO(), mode="closed", seed=0, flushed=False)
+    truth = trace_rates(records, trace.actual, t0, window)
+    return {"request_rps": {"client": point.request_rps, "trace": truth.request_rps,
+                            "rel": rel(point.request_rps, truth.request_rps),
+                            "by_last_token": truth.finished_rps,
+                            "by_last_token_rel": rel(truth.finished_rps, truth.request_rps)},
+            "goodput_rps": {"client": point.goodput_rps, "trace": truth.goodput_rps,
+                            "rel": rel(point.goodput_rps, truth.goodput_rps),
+                            "by_send": truth.sent_met_rps,
+                            "by_send_rel": rel(truth.sent_met_rps, truth.goodput_rps)},
+            "window_cycles": point.window_cycles}
+
+
 def run_point(n: int, args: argparse.Namespace, workdir: Path) -> Point:
     pool = pool_override(n, args)
-    trace_path = workdir / f"trace-{n}.jsonl"
+    trace_path = workdir / f"trace-{args.api}-{n}.jsonl"
     trace_path.unlink(missing_ok=True)
     server_cpus, client_cpus = cpu_split(args)
-    srv = SimServer(trace_path, workdir / f"simserver-{n}.log", pool, cpus=server_cpus)
+    srv = SimServer(trace_path, workdir / f"simserver-{args.api}-{n}.log", pool,
+                    cpus=server_cpus)
     try:
         srv.start()
         cpu_before = srv.cpu_s()
@@ -530,32 +592,33 @@ def pc(x: float) -> str:
     return "-" if x != x else f"{100 * x:+.2f}%"
 
 
-ERR_HEADER = (f"{'streams':>7} {'pool':>8} {'reqs':>5} {'tokens':>7} {'err p50':>8} "
+ERR_HEADER = (f"{'api':>4} {'streams':>7} {'pool':>8} {'reqs':>5} {'tokens':>7} {'err p50':>8} "
               f"{'err p99':>8} {'err max':>8} {'err min':>8} {'gap err p1':>10} "
               f"{'gap err p99':>11} {'ttft err p99':>12}")
 
-CLIENT_HEADER = (f"{'streams':>7} {'send lag p99':>12} {'(window)':>9} {'loop lag p99':>12} "
-                 f"{'(window)':>9} {'loop max':>8} {'client cpu':>10} {'server cpu':>10} "
-                 f"{'srv lag p99':>11} {'valid':>5}")
+CLIENT_HEADER = (f"{'api':>4} {'streams':>7} {'send lag p99':>12} {'(window)':>9} "
+                 f"{'loop lag p99':>12} {'(window)':>9} {'loop max':>8} {'client cpu':>10} "
+                 f"{'server cpu':>10} {'srv lag p99':>11} {'valid':>5}")
 
 
 def err_row(p: Point) -> str:
     pool = f"{p.pool_tokens}*" if p.pool_tokens else "planned"
     e, g = p.err_ms, p.gap_err_ms
-    return (f"{p.streams:7d} {pool:>8} {p.matched:5d} {p.tokens:7d} {fmt(e['p50']):>8} "
+    return (f"{p.api:>4} {p.streams:7d} {pool:>8} {p.matched:5d} {p.tokens:7d} {fmt(e['p50']):>8} "
             f"{fmt(e['p99']):>8} {fmt(e['max']):>8} {fmt(e['min']):>8} {fmt(g['p1']):>10} "
             f"{fmt(g['p99']):>11} {fmt(p.ttft_err_ms['p99']):>12}")
 
 
 def client_row(p: Point) -> str:
-    return (f"{p.streams:7d} {fmt(p.send_lag_ms_p99):>12} {fmt(p.window_send_lag_ms_p99):>9} "
+    return (f"{p.api:>4} {p.streams:7d} {fmt(p.send_lag_ms_p99):>12} "
+            f"{fmt(p.window_send_lag_ms_p99):>9} "
             f"{fmt(p.loop_lag_ms_p99):>12} {fmt(p.window_loop_lag_ms_p99):>9} "
             f"{fmt(p.loop_lag_ms_max, 1):>8} {fmt(100 * p.client_cpu, 0) + '%':>10} "
             f"{fmt(100 * p.server_cpu, 0) + '%':>10} {fmt(p.server_lag_ms_p99):>11} "
             f"{'yes' if p.valid else 'NO':>5}")
 
 
-LAT_HEADER = (f"{'streams':>7} {'figure':>12} {'client ms':>10} {'trace ms':>10} "
+LAT_HEADER = (f"{'api':>4} {'streams':>7} {'figure':>12} {'client ms':>10} {'trace ms':>10} "
               f"{'rel diff':>9}")
 
 
@@ -564,7 +627,8 @@ def lat_rows(p: Point) -> list[str]:
     for m, q in COMPARED:
         k = f"{m}.{q}"
         c = fmt(p.client[k]) if p.valid else f"[{fmt(p.client[k])}]"
-        out.append(f"{p.streams:7d} {k:>12} {c:>10} {fmt(p.trace[k]):>10} {pc(p.rel[k]):>9}")
+        out.append(f"{p.api:>4} {p.streams:7d} {k:>12} {c:>10} {fmt(p.trace[k]):>10} "
+                   f"{pc(p.rel[k]):>9}")
     return out
 
 
@@ -573,21 +637,29 @@ def verdicts(points: list[Point]) -> dict[str, Any]:
     for p in points:
         worst = max((abs(p.rel[f"{m}.{q}"]) for m, q in COMPARED if m != "tpot_ms"),
                     default=float("nan"))
+        rates = p.extra["rates"]
+        rate_rel = max(abs(rates["request_rps"]["rel"]), abs(rates["goodput_rps"]["rel"]),
+                       abs(p.extra["output_tok_s"]["rel"]))
         entry = {"valid": p.valid, "err_p99_ms": p.err_ms["p99"],
                  "err_p99_pass": bool(p.err_ms["p99"] <= TARGET_ERR_P99_MS),
-                 "worst_ttft_itl_rel": worst, "rel_pass": bool(worst <= TARGET_REL)}
-        entry["pass"] = bool(p.valid and entry["err_p99_pass"] and entry["rel_pass"])
-        out[str(p.streams)] = entry
+                 "worst_ttft_itl_rel": worst, "rel_pass": bool(worst <= TARGET_REL),
+                 "worst_rate_rel": rate_rel, "rate_pass": bool(rate_rel <= TARGET_RATE_REL)}
+        entry["pass"] = bool(p.valid and entry["err_p99_pass"] and entry["rel_pass"]
+                             and entry["rate_pass"])
+        out[f"{p.api} {p.streams}"] = entry
     return out
 
 
 def print_verdicts(v: dict[str, Any]) -> None:
     for n, e in v.items():
-        print(f"{n:>5} streams: per-token error p99 {e['err_p99_ms']:.3f} ms (target <= "
+        print(f"{n:>9} streams: per-token error p99 {e['err_p99_ms']:.3f} ms (target <= "
               f"{TARGET_ERR_P99_MS:g}): {'PASS' if e['err_p99_pass'] else 'FAIL'}; worst "
               f"TTFT/ITL p50/p99 relative difference {100 * e['worst_ttft_itl_rel']:.2f}% "
               f"(target <= {100 * TARGET_REL:g}%): {'PASS' if e['rel_pass'] else 'FAIL'}; "
-              f"client kept up (sweep's rule): {'yes' if e['valid'] else 'NO'}")
+              f"worst of tok/s, request_rps, goodput_rps against the trace "
+              f"{100 * e['worst_rate_rel']:.2f}% (target <= {100 * TARGET_RATE_REL:g}%): "
+              f"{'PASS' if e['rate_pass'] else 'FAIL'}; client kept up (sweep's rule): "
+              f"{'yes' if e['valid'] else 'NO'}")
 
 
 def print_peer(peer: dict[str, Any], ours: Point | None) -> None:
@@ -625,7 +697,8 @@ def write_json(path: Path, points: list[Point], peer: dict[str, Any] | None,
                    "planned_pool_tokens": engine_spec().pool_plan().kv_pool_tokens},
         "workload": {"mode": "closed", "system_prompt_tokens": args.system_tokens,
                      "input_tokens": args.input_tokens, "output_tokens": args.output_tokens,
-                     "prompt_as": "token ids", "ignore_eos": True, "think_time_s": 0.0,
+                     "prompt_as": sorted({p.api for p in points}), "ignore_eos": True,
+                     "think_time_s": 0.0,
                      "warmup_s": args.warmup, "duration_s": args.duration,
                      "drain_s": args.drain, "seed": args.seed},
         "client": {"loop": args.loop, "pinned": args.pin, "max_send_lag_ms": MAX_SEND_LAG_MS,
@@ -642,6 +715,8 @@ def write_json(path: Path, points: list[Point], peer: dict[str, Any] | None,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", default=",".join(str(n) for n in STREAMS))
+    ap.add_argument("--api", dest="apis", default=",".join(APIS),
+                    help="ids (token ids, /v1/completions), chat (the product's path), or both")
     ap.add_argument("--duration", type=float, default=30.0, help="measured window (s)")
     ap.add_argument("--warmup", type=float, default=5.0, help="warm-up before the window (s)")
     ap.add_argument("--drain", type=float, default=90.0, help="bounded drain after it (s)")
@@ -663,6 +738,9 @@ def main() -> None:
     ap.add_argument("--peer-only", action="store_true", help="skip our points")
     args = ap.parse_args()
     streams = [int(s) for s in args.streams.split(",") if s.strip()]
+    apis = [a for a in args.apis.split(",") if a.strip()]
+    if not apis or any(a not in APIS for a in apis):
+        raise SystemExit(f"--api: a list of {' and '.join(APIS)}, not {args.apis!r}")
     tmp = None
     if args.keep_traces is not None:
         workdir = args.keep_traces
@@ -672,7 +750,8 @@ def main() -> None:
         workdir = Path(tmp)
     started = dt.datetime.now(dt.UTC)
     print(f"harness accuracy against the simserver's trace: L4 model, FP8/FP8, time scale 1; "
-          f"closed loop, prompt {args.system_tokens}+{args.input_tokens} tokens (ids), "
+          f"closed loop, prompt {args.system_tokens}+{args.input_tokens} tokens "
+          f"({' and '.join(apis)}), "
           f"{args.output_tokens} out; warm-up {args.warmup:g} s, window {args.duration:g} s; "
           f"client loop {args.loop}; simserver and client in separate processes on "
           f"{os.cpu_count()} CPUs, {'pinned to separate CPUs' if args.pin else 'unpinned'}",
@@ -681,12 +760,15 @@ def main() -> None:
     peer: dict[str, Any] | None = None
     try:
         if not args.peer_only:
-            for n in streams:
-                pt = run_point(n, args, workdir)
-                points.append(pt)
-                print(f"  {n} streams done in {pt.extra['client_wall_s']:.0f} s", flush=True)
-                if args.json is not None:
-                    write_json(args.json, points, peer, args, started)
+            for api in apis:
+                for n in streams:
+                    args.api = api
+                    pt = run_point(n, args, workdir)
+                    points.append(pt)
+                    print(f"  {api}: {n} streams done in {pt.extra['client_wall_s']:.0f} s",
+                          flush=True)
+                    if args.json is not None:
+                        write_json(args.json, points, peer, args, started)
             print("\nper-token arrival error (client - server send) and gap error (client gap - "
                   "trace gap), ms")
             print(ERR_HEADER)
@@ -707,13 +789,27 @@ def main() -> None:
                 print("\n".join(lat_rows(pt)))
             print("\noutput tok/s: the sweep's figure against the trace's tokens sent in the "
                   "window (and the tokens of the requests sent in it, for contrast)")
-            print(f"{'streams':>7} {'client':>9} {'trace':>9} {'rel':>8} {'by send':>9} "
-                  f"{'rel':>8}")
+            print(f"{'api':>4} {'streams':>7} {'client':>9} {'trace':>9} {'rel':>8} "
+                  f"{'by send':>9} {'rel':>8}")
             for pt in points:
                 t = pt.extra["output_tok_s"]
-                print(f"{pt.streams:>7} {t['client']:>9.1f} {t['trace']:>9.1f} "
+                print(f"{pt.api:>4} {pt.streams:>7} {t['client']:>9.1f} {t['trace']:>9.1f} "
                       f"{t['rel']:>+8.2%} {t['sent_in_window']:>9.1f} "
                       f"{t['sent_in_window_rel']:>+8.2%}")
+            print("\nrequests/s and goodput/s: the sweep's (each request's share of its tokens "
+                  "in the window) against the trace's; beside them, against the same truth, "
+                  "whole requests by their last token and the window's requests meeting the "
+                  "target (the counts before issue 21)")
+            print(f"{'api':>4} {'streams':>7} {'req/s':>8} {'trace':>8} {'rel':>8} "
+                  f"{'by last':>8} {'goodput':>8} {'trace':>8} {'rel':>8} {'by send':>8} "
+                  f"{'cycles':>6}")
+            for pt in points:
+                q, g = pt.extra["rates"]["request_rps"], pt.extra["rates"]["goodput_rps"]
+                print(f"{pt.api:>4} {pt.streams:>7} {q['client']:>8.3f} {q['trace']:>8.3f} "
+                      f"{q['rel']:>+8.2%} {q['by_last_token_rel']:>+8.2%} "
+                      f"{g['client']:>8.3f} {g['trace']:>8.3f} {g['rel']:>+8.2%} "
+                      f"{g['by_send_rel']:>+8.2%} "
+                      f"{fmt(pt.extra['rates']['window_cycles'] or float('nan'), 1):>6}")
             print()
             print_verdicts(verdicts(points))
         if args.peer_python:

@@ -3,7 +3,7 @@
 Usage:
     .venv/bin/python benchmarks/harness_loop_lag.py [--users 64] [--time-scale 3]
         [--duration 30] [--warmup 10] [--repeat 3] [--lengths sharegpt|fixed]
-        [--length-file FILE] [--turns 1] [--json FILE]
+        [--length-file FILE] [--turns 1] [--pin] [--json FILE]
         [--target URL --engine vllm --telemetry nvml --no-flush]
 
 Each repeat starts `chatfleet simserver` (L4 model, FP8 weights and KV cache) as a subprocess at
@@ -19,6 +19,8 @@ H200 were taken.
 Reported per repeat, and as medians over the repeats:
 - output tok/s per wall second, the window's loop-lag and send-lag p99 (what the sweep judges
   the client on: invalid when loop lag p99 > 10 ms);
+- the loop's own CPU in the window, which contention does not move: its iterations' CPU time
+  (how many held it over 2 and 5 ms) and the cyclic garbage collector's passes;
 - what ran on the loop: every asyncio callback that held it over 2 ms, grouped by what it ran
   (a task's coroutine, or a transport callback), with the CPU time (`time.thread_time`) beside
   the wall time. A callback whose wall time far exceeds its CPU time was not running: the
@@ -34,8 +36,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import asyncio.base_events
 import asyncio.events
 import collections
+import gc
 import json
 import os
 import statistics
@@ -45,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chatfleet.bench import sweep as sweep_mod
 from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig
 from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
@@ -94,6 +99,70 @@ class LoopHolds:
         return sorted(out, key=lambda r: -r["cpu_ms_sum"])
 
 
+class WindowCpu:
+    """The loop's own CPU in the run's window, contention aside: each iteration of the event
+    loop (`_run_once`: its callbacks' CPU time, `time.thread_time`) and each pass of the cyclic
+    garbage collector (its CPU time, its generation), and the clock the run's window counts
+    from (chatfleet.bench.sweep's Clock, as it is made)."""
+
+    def __init__(self) -> None:
+        self.iterations: list[tuple[float, float]] = []  # (monotonic start, CPU ms)
+        self.collections: list[tuple[float, int, float]] = []  # (start, generation, CPU ms)
+        self.t0: float | None = None
+        self._run_once = asyncio.base_events.BaseEventLoop._run_once  # type: ignore[attr-defined]
+        self._clock = sweep_mod.Clock  # type: ignore[attr-defined]
+        self._started = (0.0, 0.0)
+
+    def __enter__(self) -> WindowCpu:
+        orig, its = self._run_once, self.iterations
+
+        def run_once(loop: asyncio.AbstractEventLoop) -> None:
+            w0, c0 = time.monotonic(), time.thread_time()
+            orig(loop)
+            its.append((w0, (time.thread_time() - c0) * 1000))
+
+        outer = self
+
+        class Clock(self._clock):  # type: ignore[misc, name-defined]
+            def __init__(self, *a: Any, **k: Any) -> None:
+                super().__init__(*a, **k)
+                outer.t0 = self.t0
+
+        asyncio.base_events.BaseEventLoop._run_once = run_once  # type: ignore[attr-defined]
+        sweep_mod.Clock = Clock  # type: ignore[attr-defined]
+        gc.callbacks.append(self._gc)
+        return self
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = (time.monotonic(), time.thread_time())
+        else:
+            w0, c0 = self._started
+            self.collections.append((w0, info["generation"], (time.thread_time() - c0) * 1000))
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.base_events.BaseEventLoop._run_once = self._run_once  # type: ignore[attr-defined]
+        sweep_mod.Clock = self._clock  # type: ignore[attr-defined]
+        gc.callbacks.remove(self._gc)
+
+    def summary(self, warmup_s: float, duration_s: float) -> dict[str, Any]:
+        """Over the window (wall seconds from the clock's start): the iterations, their CPU,
+        those over 2 and 5 ms of CPU, the largest; the collector's passes, CPU, largest, and
+        its full passes."""
+        if self.t0 is None:
+            return {}
+        lo, hi = self.t0 + warmup_s, self.t0 + warmup_s + duration_s
+        cpu = sorted(c for w, c in self.iterations if lo <= w < hi)
+        gcs = [(g, c) for w, g, c in self.collections if lo <= w < hi]
+        return {"iterations": len(cpu), "cpu_s": round(sum(cpu) / 1000, 3),
+                "over_2ms": sum(1 for c in cpu if c > 2.0),
+                "over_5ms": sum(1 for c in cpu if c > 5.0),
+                "max_ms": round(cpu[-1], 2) if cpu else 0.0,
+                "gc_passes": len(gcs), "gc_cpu_ms": round(sum(c for _, c in gcs), 1),
+                "gc_max_ms": round(max((c for _, c in gcs), default=0.0), 2),
+                "gc_full_passes": sum(1 for g, _ in gcs if g == 2)}
+
+
 def describe(handle: asyncio.events.Handle) -> str:
     cb = handle._callback  # type: ignore[attr-defined]
     owner = getattr(cb, "__self__", None)
@@ -123,8 +192,11 @@ def run_once(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, An
         k, url, engine = 1.0, args.target, args.engine
     else:
         k, engine = args.time_scale, "simserver"
+        server_cpus, client_cpus = args.cpus
         srv = SimServer(workdir / f"trace-{seed}.jsonl", workdir / f"simserver-{seed}.log",
-                        None, time_scale=k)
+                        None, time_scale=k, cpus=server_cpus)
+        if client_cpus is not None:  # the client (and its prompt workers) on the others
+            os.sched_setaffinity(0, client_cpus)
         url = srv.start()
     try:
         cfg = LiveSweepConfig(
@@ -133,7 +205,7 @@ def run_once(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, An
             out=workdir / f"sweep-{seed}", duration_s=args.duration * k,
             warmup_s=args.warmup * k, drain_s=120.0 * k, api="chat",
             telemetry=args.telemetry, flush=args.flush, seed=seed, save_records=False)
-        with LoopHolds() as holds:
+        with LoopHolds() as holds, WindowCpu() as cpu:
             doc = asyncio.run(LiveSweep(cfg).run())
     finally:
         if srv is not None:
@@ -147,6 +219,7 @@ def run_once(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, An
             "loop_lag_ms_max": p.client.loop_lag_ms_max,
             "send_lag_ms_p99": p.client.send_lag_ms_p99,
             "token_check_mismatched": p.live.token_check.mismatched,
+            "window_cpu": cpu.summary(args.warmup, args.duration),
             "holds": holds.table()[:8]}
 
 
@@ -170,8 +243,12 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3-8b", help="the served model name")
     ap.add_argument("--telemetry", default="none", help="as chatfleet sweep --telemetry")
     ap.add_argument("--no-flush", dest="flush", action="store_false")
+    ap.add_argument("--pin", action="store_true", help="the simserver on the first CPU, the "
+                    "client and its prompt workers on the others")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    args.cpus = (({cpus[0]}, set(cpus[1:])) if args.pin and len(cpus) > 1 else (None, None))
     load = os.getloadavg()
     runs = []
     with tempfile.TemporaryDirectory(prefix="loop-lag-") as tmp:
@@ -181,6 +258,13 @@ def main() -> None:
             print(f"repeat {i + 1}: {r['output_tok_s_wall']:.0f} tok/s (wall), loop lag p99 "
                   f"{r['loop_lag_ms_p99']:.2f} ms (max {r['loop_lag_ms_max']:.1f}), send lag "
                   f"p99 {r['send_lag_ms_p99']:.2f} ms, valid {r['valid']}", flush=True)
+            w = r["window_cpu"]
+            if w:
+                print(f"    window: {w['iterations']} loop iterations, {w['cpu_s']:.2f} s CPU, "
+                      f"{w['over_2ms']} over 2 ms and {w['over_5ms']} over 5 ms (max "
+                      f"{w['max_ms']:.1f}); collector {w['gc_passes']} passes, "
+                      f"{w['gc_cpu_ms']:.0f} ms CPU (max {w['gc_max_ms']:.1f}, "
+                      f"{w['gc_full_passes']} full)")
             for h in r["holds"][:5]:
                 print(f"    {h['count']:5d} x  cpu p50 {h['cpu_ms_p50']:6.2f} max "
                       f"{h['cpu_ms_max']:7.2f} ms | wall p50 {h['wall_ms_p50']:6.2f} max "

@@ -5,6 +5,10 @@ reliability suite's checks run one after another on one worker, as they do alone
 its own Redis, replicas and gateways and pushes them to 10x overload, and its report
 (out/reliability.json) is the rows of one session. Every other test may run beside any other,
 so the wall-clock checks (parity, overload, sweeps) hold with the rest of the suite beside them.
+
+pytest is pinned at 9.1.1 (requirements.lock): pytest-xdist 3.8 groups a test by renaming its
+nodeid, which pytest 9.2 no longer reads, so under 9.2 every group spread over both workers
+(checked with six tests of one group: 9.2 ran them on gw0 and gw1, 9.1.1 on one).
 """
 
 from __future__ import annotations

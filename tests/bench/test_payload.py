@@ -20,10 +20,10 @@ from aiohttp import web
 from chatfleet.bench import payload as payload_mod
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import drive
-from chatfleet.bench.payload import ChatPayload
+from chatfleet.bench.payload import ChatPayload, user_text_seed
 from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, Shaped
 from chatfleet.bench.text_pool import PARENT_CHECK_S, TextPool
-from chatfleet.core.documents.sweep import ClosedLoad
+from chatfleet.core.documents.sweep import ClosedLoad, OpenLoad
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import (
@@ -33,7 +33,9 @@ from chatfleet.core.workload import (
     RequestSpec,
     Workload,
     WorkloadConfig,
+    driver_for,
 )
+from chatfleet.core.workload.ahead import TurnsAhead
 from chatfleet.data.exact_tokens import text_of_exact_tokens
 from chatfleet.data.tokenizer import load_qwen_tokenizer
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
@@ -81,16 +83,20 @@ def test_a_prepared_request_builds_no_text_on_the_event_loop(
         pool: TextPool, monkeypatch: pytest.MonkeyPatch) -> None:
     tok = load_qwen_tokenizer()
     payload = ChatPayload(tok, "m", pool=pool)
+    payload.reset(seed=3)
     wl = Workload(WCFG, random.Random(3))
     driver = ClosedLoop(wl, users=2)
     first = driver.start()
     second = driver.on_done(first[0], 1.0)  # the same session's second turn
-    expected = {seg: text_of_exact_tokens(tok, seg[1], seed=seg[0])
-                for spec in (*first, second) for seg in spec.segments}
+    system = wl.system_segment(0)
+    expected_system = text_of_exact_tokens(tok, system[1], seed=system[0])
+    expected_user = {spec.request_id: text_of_exact_tokens(
+        tok, spec.segments[-1][1], seed=user_text_seed(3, spec.session_id, spec.turn))
+        for spec in (*first, second)}
     calls = forbid_inline(monkeypatch)
 
     async def main() -> list[dict[str, Any]]:
-        await payload.prebuild([wl.system_segment(0)])
+        await payload.prebuild([system])
         bodies = []
         for spec in first:
             await payload.prepare(spec)
@@ -104,10 +110,106 @@ def test_a_prepared_request_builds_no_text_on_the_event_loop(
     assert calls == []
     for spec, body in zip((*first, second), bodies, strict=True):
         msgs = body["messages"]
-        assert msgs[0] == {"role": "system", "content": expected[spec.segments[0]]}
-        assert msgs[-1] == {"role": "user", "content": expected[spec.segments[-1]]}
+        assert msgs[0] == {"role": "system", "content": expected_system}
+        assert msgs[-1] == {"role": "user", "content": expected_user[spec.request_id]}
+        assert len(tok.encode(msgs[-1]["content"])) == spec.segments[-1][1]
     assert [m["role"] for m in bodies[-1]["messages"]] == ["system", "user", "assistant", "user"]
+    assert bodies[-1]["messages"][1]["content"] == expected_user[first[0].request_id]
     assert bodies[-1]["messages"][2]["content"] == "an answer"
+    # nothing was built ahead here: every request waited for its user message
+    assert len(payload.ahead_stats().late) == 3
+
+
+def test_a_user_messages_text_is_named_by_the_run_seed_session_and_turn() -> None:
+    seeds = {user_text_seed(run, session, turn)
+             for run in (1, 2) for session in ("s1", "s2", "s1.1") for turn in (0, 1)}
+    assert len(seeds) == 12
+    assert user_text_seed(1, "s1", 0) == user_text_seed(1, "s1", 0)
+    assert min(seeds) > 2**64  # never a system prompt's seed (its group's segment id)
+
+
+def run_ahead(payload: ChatPayload, load: ClosedLoad | OpenLoad, seed: int,
+              window_end: float, per_user: int | None) -> list[RequestSpec]:
+    """Build a run's texts ahead, then send its requests as a closed loop would (users
+    finishing in turn) or every open-loop session's turns; the specs sent."""
+    wl = Workload(WCFG, random.Random(seed))
+    driver = driver_for(load, wl)
+    payload.reset(seed)
+    ahead = TurnsAhead(WCFG, seed, load, window_end)
+
+    async def main() -> list[RequestSpec]:
+        await payload.build_ahead(ahead, per_user, [wl.system_segment(0)])
+        sent: list[RequestSpec] = []
+        if isinstance(driver, ClosedLoop):
+            waiting = driver.start()
+            for k in range(40):
+                spec = waiting.pop(k % len(waiting))
+                payload.prefetch(spec)
+                await payload.prepare(spec)
+                payload(spec)
+                sent.append(spec)
+                waiting.append(driver.on_done(spec, float(k)))
+            return sent
+        assert isinstance(driver, OpenLoop)
+        spec = driver.next_arrival(0.0)
+        while spec.scheduled_time < window_end:
+            cur: RequestSpec | None = spec
+            while cur is not None:
+                payload.prefetch(cur)
+                await payload.prepare(cur)
+                payload(cur)
+                sent.append(cur)
+                cur = driver.on_done(cur, cur.scheduled_time)
+            spec = driver.next_arrival(spec.scheduled_time)
+        return sent
+
+    return asyncio.run(main())
+
+
+@pytest.mark.timeout(120)
+def test_texts_built_before_the_clock_leave_no_request_waiting(
+        pool: TextPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    payload = ChatPayload(load_qwen_tokenizer(), "m", pool=pool)
+    calls = forbid_inline(monkeypatch)
+    sent = run_ahead(payload, ClosedLoad(4), seed=5, window_end=60.0, per_user=12)
+    stats = payload.ahead_stats()
+    assert calls == [] and len(sent) == 40
+    assert stats.late == []  # 10 turns a user, all 12 built ahead
+    assert stats.built_ahead == 4 * 12 + 1 and stats.ahead_s > 0
+    # the open loop: every session of the window, built before the clock
+    sent = run_ahead(payload, OpenLoad(rate_rps=2.0), seed=6, window_end=5.0, per_user=None)
+    assert calls == [] and len(sent) > 4 and payload.ahead_stats().late == []
+    assert payload.ahead_stats().built_in_run == 0
+
+
+@pytest.mark.timeout(120)
+def test_each_send_starts_the_builds_of_its_users_next_turns(pool: TextPool) -> None:
+    """Built ahead short of the run (the first point of a sweep knows no rate), the
+    lookahead starts each text turns before it is needed."""
+    payload = ChatPayload(load_qwen_tokenizer(), "m", pool=pool, lookahead=3)
+    wl = Workload(WCFG, random.Random(8))
+    driver = ClosedLoop(wl, users=2)
+    payload.reset(8)
+    ahead = TurnsAhead(WCFG, 8, ClosedLoad(2), 60.0)
+
+    async def main() -> None:
+        # the lookahead's own: 4 turns a user, and the system prompt
+        await payload.build_ahead(ahead, 0, [wl.system_segment(0)])
+        assert payload.ahead_stats().built_ahead == 2 * 4 + 1
+        spec = driver.start()[0]
+        for k in range(6):
+            payload.prefetch(spec)
+            later = ahead.following(spec, 3)
+            assert len(later) == 3
+            for turn in later:  # built, or building, before the next send
+                key = (user_text_seed(8, turn.session_id, turn.turn), turn.user_tokens)
+                assert key in payload._text or key in payload._pending, (k, turn)
+            await payload.prepare(spec)
+            spec = driver.on_done(spec, float(k))
+
+    asyncio.run(main())
+    # sends 1..5 each started one more turn (the first send's third was built ahead)
+    assert payload.ahead_stats().built_in_run == 5
 
 
 class SlowPrepare:
@@ -206,15 +308,27 @@ def test_a_chat_sweep_builds_its_prompts_in_the_pool(tmp_path: Path,
     with serve_in_thread(ServerConfig(spec=spec, time_scale=20)) as srv:
         cfg = LiveSweepConfig(
             targets=srv.urls, engine="simserver", model="qwen3-8b",
-            loads=[ClosedLoad(4)], wcfg=WCFG, out=tmp_path / "s",
-            duration_s=10.0, warmup_s=1.0, drain_s=30.0, api="chat", telemetry="none",
+            loads=[ClosedLoad(4), ClosedLoad(4)], wcfg=WCFG, out=tmp_path / "s",
+            duration_s=6.0, warmup_s=1.0, drain_s=30.0, api="chat", telemetry="none",
             prompt_workers=1, max_loop_lag_ms=100.0, max_send_lag_ms=200.0)
         sweep = LiveSweep(cfg)
         doc = asyncio.run(sweep.run())
-    (point,) = doc.points
+    first, second = doc.points
     assert calls == []
-    assert point.requests.completed > 4 and point.requests.failed == 0
-    assert point.live.token_check.mismatched == 0
+    for point in (first, second):
+        assert point.requests.completed > 4 and point.requests.failed == 0
+        assert point.live is not None and point.live.token_check is not None
+        assert point.live.token_check.mismatched == 0
+    # the texts were built before each run's clock: the first run knew no rate, so its users'
+    # first turns (the lookahead's 3 and the one being sent) and the system prompt; the second
+    # as many turns as the first run's users sent, and more
+    texts = [p.live.prompt_texts for p in (first, second)]  # type: ignore[union-attr]
+    assert texts[0] is not None and texts[1] is not None
+    assert texts[0].built_ahead == 4 * 4 + 1
+    sent = (first.request_rps * 7.0) / 4  # a user's turns in the 7 s before the window's end
+    assert texts[1].built_ahead > 4 * max(4, sent)
+    assert texts[1].built_ahead > texts[0].built_ahead
+    assert 0 <= texts[1].late <= texts[1].run_late
     # the simserver counted the prompts the harness meant: system + user segments, exact
     records = [orjson.loads(x) for x in (tmp_path / "s" / "runs" / "000" /
                                          "records.jsonl").read_bytes().splitlines()]

@@ -1,6 +1,7 @@
 """Throughput against the simserver's own trace: the output tokens the harness counts in the
-window are the tokens the server sent in it (the trace's ground truth), and every record
-carries the engine's response id, which names its request in the trace."""
+window are the tokens the server sent in it (the trace's ground truth), its request rate and
+goodput the trace's requests' shares of them, and every record carries the engine's response
+id, which names its request in the trace."""
 
 from __future__ import annotations
 
@@ -63,6 +64,31 @@ def test_output_tok_s_matches_the_servers_trace(tmp_path: Path) -> None:
     truth = in_window / DURATION_S
     assert point.output_tok_s == pytest.approx(truth, rel=0.01)
     assert point.requests.finished_in_window > USERS
+
+    # requests are counted as the trace's tokens are: each request's share of its tokens the
+    # server wrote in the window; goodput over those that meet the target (judged here on the
+    # client's times: TTFTs crowd the 1 s target, where the few ms between the server's write
+    # and the client's read would move verdicts, which harness_accuracy.py measures)
+    times: dict[str, list[float]] = {}
+    for r in sent:
+        times.setdefault(r["rid"], []).append((r["actual_mono"] - clock.t0) * SCALE)
+    requests = goodput = 0.0
+    for rec in res.records:
+        t = sorted(times.get(rec.response_id or "", []))
+        if rec.outcome != "ok" or not t:
+            continue
+        share = sum(1 for x in t if window[0] <= x < window[1]) / len(t)
+        requests += share
+        c = rec.token_times
+        if (c[0] - rec.send_time <= SLO().ttft_ms / 1000
+                and (c[-1] - c[0]) / (len(c) - 1) <= SLO().tpot_ms / 1000):
+            goodput += share
+    assert point.request_rps == pytest.approx(requests / DURATION_S, rel=0.01)
+    assert point.goodput_rps == pytest.approx(goodput / DURATION_S, rel=0.01)
+    assert 0 < point.goodput_rps < point.request_rps
+    # every answer is 128 tokens: the two rates agree, where whole requests did not
+    assert point.request_rps * 128 == pytest.approx(point.output_tok_s, rel=1e-9)
+    assert point.window_cycles == pytest.approx(point.request_rps * DURATION_S / USERS)
 
     # every record names its request in the trace, with the same tokens
     per_rid = Counter(r["rid"] for r in sent)

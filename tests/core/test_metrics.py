@@ -19,6 +19,7 @@ from chatfleet.core.documents.sweep import (
     load_from_json,
 )
 from chatfleet.core.measure.percentiles import percentiles_sorted, ranks_read
+from chatfleet.core.measure.point import share_in_window
 from chatfleet.core.metrics import (
     ITL_STATS,
     SLO,
@@ -454,27 +455,83 @@ def test_throughput_counts_the_tokens_that_arrive_in_the_window() -> None:
     # counted from the window's requests (sent at 12 and 16 s) it would be 4 * 20 / 10 = 8
     sent = [r for r in waves() if 10.0 <= r.send_time < 20.0]
     assert sum(r.output_tokens for r in sent) / 10.0 == pytest.approx(8.0)
-    # requests that finished in the window: the 8, 12 and 16 s waves (at 11.9, 15.9, 19.9 s)
+    # requests are counted as tokens are: per user half of the 8 s wave's request, all of the
+    # 12 s one and all of the 16 s one: 2.5 requests in 10 s, the truth of one every 4 s
+    assert p["request_rps"] == pytest.approx(4 * 2.5 / 10.0)
+    assert p["request_rps"] == pytest.approx(4 / 4.0)
+    assert p["request_rps"] * 10 == pytest.approx(p["output_tok_s"])  # 10 tokens a request
+    # whole requests by their last token (the 8, 12 and 16 s waves end at 11.9, 15.9 and
+    # 19.9 s) would give 1.2, by their send time 0.8
     assert p["requests"]["finished_in_window"] == 12
-    assert p["request_rps"] == pytest.approx(1.2)
-    # latency figures, attainment and goodput stay over the requests sent in the window
+    # every request meets this target: goodput is the same count
+    assert p["goodput_rps"] == pytest.approx(1.0)
+    # latency figures and attainment stay over the requests sent in the window
     assert p["requests"]["offered"] == p["requests"]["completed"] == 8
     assert p["ttft_ms"]["n"] == 8
-    assert p["goodput_rps"] == pytest.approx(0.8)
+    # 2.5 cycles of 4 s in the window: few, so the rates may move with its phase
+    assert p["window_cycles"] == pytest.approx(2.5)
+    assert p["few_cycles"] is True
+
+
+def test_request_rate_and_goodput_move_with_the_windows_phase_as_tokens_do() -> None:
+    """Over windows of 4.5 cycles at eight phases, the share count stays within 1 / cycles of
+    the truth (one request every 4 s a user) and equals tok/s over the answer length, where
+    whole requests by their last token swing by a whole wave (+-11%)."""
+    records = waves(users=4, period_s=4.0, tokens=10) + [
+        rec(f"u{u}w{w}", send=w * 4.0, times=[w * 4.0 + 0.3 + 0.4 * k for k in range(10)])
+        for u in range(4) for w in range(5, 10)]
+    rates, by_last = [], []
+    for k in range(8):
+        start = 8.0 + 0.5 * k
+        p = summarize(records, window=(start, start + 18.0), slo=SLO(tpot_ms=500.0))
+        assert p["window_cycles"] == pytest.approx(4.5, rel=1 / 4.5)
+        assert abs(p["request_rps"] - 1.0) < 1.0 / p["window_cycles"]
+        assert p["request_rps"] == pytest.approx(p["output_tok_s"] / 10)
+        assert p["goodput_rps"] == pytest.approx(p["request_rps"])
+        rates.append(p["request_rps"])
+        by_last.append(p["requests"]["finished_in_window"] / 18.0)
+    assert max(rates) - min(rates) < 0.05
+    assert max(by_last) - min(by_last) > 0.2
+
+
+def test_goodput_counts_the_shares_of_the_requests_that_meet_the_target() -> None:
+    """A request sent before the window is judged as a window request is: here the 8 s wave
+    (half of it in the window) misses the target, the later waves meet it."""
+    records = waves()
+    slow = [r for r in records if r.send_time == 8.0]
+    for r in slow:
+        r.first_token_time = None
+        r.token_times = [t + 1.0 for t in r.token_times]  # TTFT 1.3 s: misses 1 s
+    p = summarize(records, window=(10.0, 20.0), slo=SLO(tpot_ms=500.0))
+    in_window = sum(share_in_window(r, (10.0, 20.0)) for r in slow)
+    assert 0 < in_window < len(slow)
+    assert p["request_rps"] == pytest.approx((8 + in_window) / 10.0)
+    assert p["goodput_rps"] == pytest.approx(8 / 10.0)
+
+
+def counts(records: list[RequestRecord], window: tuple[float, float]) -> tuple[int, int, float]:
+    """(tokens, finished, the sum of the shares) of `arrivals_in_window`."""
+    got = arrivals_in_window(records, window)
+    return got.tokens, got.finished, sum(share for _, share in got.shares)
 
 
 def test_arrivals_in_window_edges() -> None:
     r = rec("a", send=0.0, times=[9.0, 10.0, 10.5, 20.0])
-    assert arrivals_in_window([r], (10.0, 20.0)) == (2, 0)  # [start, end): 10.0 in, 20.0 out
-    assert arrivals_in_window([r], (0.0, 20.5)) == (4, 1)
+    # [start, end): 10.0 in, 20.0 out; half of the request's tokens
+    assert counts([r], (10.0, 20.0)) == (2, 0, 0.5)
+    assert share_in_window(r, (10.0, 20.0)) == 0.5
+    assert counts([r], (0.0, 20.5)) == (4, 1, 1.0)
     # a record without token times counts its tokens at its first token
     bare = rec("b", send=0.0, first=12.0, output_tokens=5)
-    assert arrivals_in_window([bare], (10.0, 20.0)) == (5, 1)
-    assert arrivals_in_window([bare], (13.0, 20.0)) == (0, 0)
-    # a failed request's tokens count as output, never as a finished request
+    assert counts([bare], (10.0, 20.0)) == (5, 1, 1.0)
+    assert counts([bare], (13.0, 20.0)) == (0, 0, 0.0)
+    # a failed request's tokens count as output, never as a request
     failed = rec("c", send=0.0, times=[11.0, 12.0], outcome="timeout")
-    assert arrivals_in_window([failed], (10.0, 20.0)) == (2, 0)
-    assert arrivals_in_window([], (0.0, 1.0)) == (0, 0)
+    assert counts([failed], (10.0, 20.0)) == (2, 0, 0.0)
+    assert counts([], (0.0, 1.0)) == (0, 0, 0.0)
+    # an ok request without any output counts for nothing
+    empty = rec("d", send=0.0, times=[])
+    assert share_in_window(empty, (0.0, 1.0)) == 0.0
 
 
 def test_point_percentiles_in_ms_with_counts() -> None:

@@ -106,8 +106,11 @@ class Fake:
                     await asyncio.sleep(gap)
                 await resp.write(sse(n, "", usage))
                 await resp.write(b"data: [DONE]\n\n")
-                await resp.write_eof()
+                # the whole answer is written: counted before write_eof, which may wait on the
+                # connection that a gateway, done with the stream at [DONE], closes (and
+                # cancel this handler: a 200 the replica then never counted)
                 self.completed += 1
+                await resp.write_eof()
                 return resp
             except asyncio.CancelledError:
                 self.aborted += 1

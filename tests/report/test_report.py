@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 import typer
+from rich.console import Console
 from typer.testing import CliRunner
 
+from chatfleet.cli.render import sweep_table
 from chatfleet.cli.report import report
-from chatfleet.core.documents.sweep import ClosedLoad, SweepPoint
+from chatfleet.core.documents.sweep import ClosedLoad, SweepDoc, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.metrics import SLO, sweep_document
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -278,3 +280,23 @@ def test_a_missing_telemetry_file_is_a_warning_not_an_error(sweep_dir: MakeDir) 
     assert any("003/telemetry.jsonl" in w and "truncated" in w for w in sweep.warnings)
     html = build_report([d]).html.read_text()
     assert "Input warnings" in html
+
+
+def test_rates_of_a_window_of_few_cycles_are_marked(sweep_dir: MakeDir) -> None:
+    """A closed-loop point whose window held fewer than 10 cycles has its goodput and tok/s
+    marked `~` with a note, in the report and in the sweep's table."""
+    d = sweep_dir()
+    doc = json.loads((d / "sweep.json").read_text())
+    doc["points"][0].update(window_cycles=3.2, few_cycles=True)
+    doc["points"][1].update(window_cycles=40.0, few_cycles=False)
+    (d / "sweep.json").write_text(json.dumps(doc))
+    md = build_report([d]).markdown.read_text()
+    assert "~ few cycles: the window held fewer than 10" in md
+    assert "1 of few cycles)" in md
+    marked = [line for line in md.splitlines() if "~ |" in line]
+    assert len(marked) == 1 and marked[0].count("~") == 2
+    console = Console(width=250, record=True)
+    console.print(sweep_table(SweepDoc.from_json(doc), "t"))
+    text = console.export_text()
+    assert "~ few cycles" in text
+    assert sum(line.count("~") for line in text.splitlines() if "│" in line) == 2

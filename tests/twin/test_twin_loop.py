@@ -151,8 +151,9 @@ def test_a_session_longer_than_the_pool_is_refused_up_front() -> None:
 
 def test_the_twins_throughput_counts_arrivals_in_the_window_over_every_record() -> None:
     """Both twin runners (one engine, and a fleet) count output tok/s and the request rate
-    the way the live sweep does: tokens that arrive in the window and requests that finish in
-    it, from requests sent before the window too; not the tokens of the window's requests."""
+    the way the live sweep does: tokens that arrive in the window and the ok requests' shares
+    of them, from requests sent before the window too; not the tokens of the window's
+    requests."""
     from chatfleet.core.metrics import arrivals_in_window
     from chatfleet.core.workload import LengthSpec
     from chatfleet.twin.fleet import FleetConfig, run_fleet_point
@@ -164,9 +165,13 @@ def test_the_twins_throughput_counts_arrivals_in_the_window_over_every_record() 
             run_fleet_point(engine("fp8"), wcfg, load, FleetConfig(replicas=1, cap=64),
                             duration_s=60.0, warmup_s=10.0)]
     for run in runs:
-        tokens, finished = arrivals_in_window(run.records, window)
+        arrived = arrivals_in_window(run.records, window)
+        tokens = arrived.tokens
         assert run.point.output_tok_s == pytest.approx(tokens / 60.0)
-        assert run.point.request_rps == pytest.approx(finished / 60.0)
+        assert run.point.request_rps == pytest.approx(
+            sum(share for _, share in arrived.shares) / 60.0)
+        assert run.point.request_rps == pytest.approx(tokens / 128 / 60.0)  # all answers whole
+        assert run.point.requests.finished_in_window == arrived.finished
         sent = [r for r in run.records if window[0] <= r.send_time < window[1]]
         assert any(r.send_time < window[0] and r.token_times[-1] >= window[0]
                    for r in run.records)  # a wave sent in the warm-up streams into it

@@ -12,10 +12,12 @@ as attempt k, request id `<id>#k`, each attempt its own record, at most `max_ret
 only while the retry time is inside the window; a user whose request is still shed after that
 stops (as in the twin: it would retry past the window). A shed open-loop session ends.
 
-A payload may build its texts off the event loop (bench.payload.ChatPayload with a TextPool):
-the driver starts each request's build as soon as the request exists (`prefetch`: before an
-open-loop arrival's time; `prepare`: before a user's think time) and awaits it before the send,
-so a build that outlasts the wait shows as send lag, never as loop lag.
+A payload may build its texts off the event loop and ahead of need (bench.payload.ChatPayload
+with a TextPool): the driver calls `prefetch(spec)` as soon as a request exists (an open-loop
+arrival before its time comes, a user's next turn before its think time), which starts the
+builds that request and the next ones will need, and awaits `prepare(spec)` at the request's
+time, before the send, so a build that was not done by then shows as send lag, never as loop
+lag.
 
 The driver also measures itself: send lag (how late each request left against its schedule)
 and event-loop lag (how late a 10 ms timer fires), so a run where the client fell behind can
@@ -149,10 +151,11 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
             spec = dataclasses.replace(spec, request_id=f"{spec.request_id}#{attempt}",
                                        scheduled_time=spec.scheduled_time if at is None
                                        else at)
-        ready = asyncio.ensure_future(prepare(spec)) if prepare is not None else None
+        if prefetch is not None:
+            prefetch(spec)  # its texts (and its next turns'), built off the loop meanwhile
         await clock.sleep_until(spec.scheduled_time)
-        if ready is not None:
-            await ready  # its texts, built off the loop while this request waited its turn
+        if prepare is not None:
+            await prepare(spec)  # at once when they were built ahead
         res.send_lag.append((spec.scheduled_time, max(0.0, (clock.now() - spec.scheduled_time)
                                                       * 1000 / clock.scale)))
         rec = RequestRecord(spec.request_id, spec.session_id, spec.turn,

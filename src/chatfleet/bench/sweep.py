@@ -1,7 +1,8 @@
 """`chatfleet sweep`: the pre-launch measurement, with the method automated.
 
 Before every run: a new seed (base + run index), a cool-down under the temperature threshold
-(bounded, recorded), and a flush through the engine adapter (refusals retried, then recorded).
+(bounded, recorded), a flush through the engine adapter (refusals retried, then recorded), and,
+through the chat API, the prompt texts the run will send, built before its clock starts.
 During it: every token's arrival, cached tokens from usage, the engine's metrics every second,
 GPU telemetry every 100 ms, the client's own send and loop lag. After it: the point, appended to
 runs.jsonl with fsync; the document rewritten; the knee, the throughput peak and the cap.
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import random
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ import aiohttp
 from chatfleet import __version__
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import DriveResult, Payload, completions_with_ids, drive
-from chatfleet.bench.payload import ChatPayload
+from chatfleet.bench.payload import AheadStats, ChatPayload
 from chatfleet.bench.results import SweepDir
 from chatfleet.bench.scrape import EngineScraper, engine_block_from
 from chatfleet.bench.telemetry import TelemetrySampler, cool_down, make_source
@@ -36,8 +38,10 @@ from chatfleet.bench.text_pool import DEFAULT_WORKERS, TextPool
 from chatfleet.core.defaults import COOLDOWN_MAX_S, DRAIN_S, DURATION_S, SEED, WARMUP_S
 from chatfleet.core.documents.sweep import (
     ClientBlock,
+    ClosedLoad,
     LiveRun,
     Load,
+    PromptTexts,
     RunFiles,
     SweepDoc,
     SweepPoint,
@@ -57,6 +61,7 @@ from chatfleet.core.workload import (
     WorkloadConfig,
     driver_for,
 )
+from chatfleet.core.workload.ahead import TurnsAhead, turns_to_build
 from chatfleet.data.tokenizer import load_qwen_tokenizer
 from chatfleet.engines import EngineAdapter, FlushVerdict, flush_and_verify, get_adapter
 from chatfleet.engines.base import HTTP_TIMEOUT_S
@@ -308,23 +313,21 @@ class LivePoints:
         payload = sw.payload()  # before the clock starts: loading a tokenizer takes time
         reset = getattr(payload, "reset", None)
         if reset is not None:
-            reset()
-        prebuild = getattr(payload, "prebuild", None)
-        if prebuild is not None and c.wcfg.system_prompt_tokens:
-            # the shared system prompts' texts, built before the run's clock starts
-            await prebuild([workload.system_segment(g) for g in range(c.wcfg.prompt_groups)])
+            reset(seed)
         window_end = c.warmup_s + c.duration_s
+        await self.build_ahead(payload, workload, load, seed, index, window_end)
         headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else None
         sw.on_event("run", {"index": index, "load": load, "seed": seed})
-        clock = Clock(sw.time_scale)
-        async with TelemetrySampler(source, clock=clock,
-                                    path=rundir / "telemetry.jsonl") as tele, \
-                EngineScraper(sw.adapter, session, c.targets, clock=clock,
-                              path=rundir / "engine.jsonl") as scraper:
-            res: DriveResult = await drive(c.targets, driver, payload,
-                                           window_end=window_end, drain_s=c.drain_s,
-                                           clock=clock, session=session, headers=headers,
-                                           stop=sw.stop, count_text=sw.count_text())
+        with frozen_heap():
+            clock = Clock(sw.time_scale)
+            async with TelemetrySampler(source, clock=clock,
+                                        path=rundir / "telemetry.jsonl") as tele, \
+                    EngineScraper(sw.adapter, session, c.targets, clock=clock,
+                                  path=rundir / "engine.jsonl") as scraper:
+                res: DriveResult = await drive(c.targets, driver, payload,
+                                               window_end=window_end, drain_s=c.drain_s,
+                                               clock=clock, session=session, headers=headers,
+                                               stop=sw.stop, count_text=sw.count_text())
         records = res.records
         # the flush took only if the first request each target saw found nothing cached
         # (where the engine reports cached tokens at all)
@@ -365,7 +368,8 @@ class LivePoints:
                            engine=f"runs/{index:03d}/engine.jsonl",
                            records=f"runs/{index:03d}/records.jsonl" if c.save_records
                            else None),
-            wall_s=round(res.wall_s, 2))
+            wall_s=round(res.wall_s, 2),
+            prompt_texts=prompt_texts(payload, (c.warmup_s, window_end)))
         return summarize_point(
             records, load=load, window=(c.warmup_s, window_end), slo=c.slo, seed=seed,
             flushed=flushed if c.flush else False, invalid_reasons=reasons,
@@ -379,6 +383,53 @@ class LivePoints:
                 bounds_ms=(c.max_send_lag_ms, c.max_loop_lag_ms)),
             time_scale=sw.time_scale, live=live)
 
+    async def build_ahead(self, payload: Payload, workload: Workload, load: Load, seed: int,
+                          index: int, window_end: float) -> None:
+        """Before the run's clock starts, a chat payload builds the texts the run will send
+        (bench/payload.py): the shared system prompts, every open-loop session of the window,
+        and each closed-loop user's turns as many as the sweep's finished points say it will
+        send (`turns_to_build`; the lookahead's few without one)."""
+        build = getattr(payload, "build_ahead", None)
+        if build is None:
+            return
+        sw, c = self.sweep, self.sweep.cfg
+        ahead = TurnsAhead(c.wcfg, seed, load, window_end)
+        per_user = turns_to_build(load, window_end, sw.points)
+        if per_user is None and isinstance(load, ClosedLoad):
+            per_user = 0  # the lookahead's turns only
+        system = ([workload.system_segment(g) for g in range(c.wcfg.prompt_groups)]
+                  if c.wcfg.system_prompt_tokens else [])
+
+        def progress(done: int, total: int) -> None:
+            sw.on_event("texts", {"index": index, "done": done, "total": total})
+
+        await build(ahead, per_user, system, progress)
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """While a run's clock runs, the objects made before it (the prompt texts' keys, the
+    sessions' plans, the sweep's own) are left out of the cyclic collector's full passes: one
+    over them held the loop for 60 ms in a 256-user run. They return to it after the run."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def prompt_texts(payload: Payload, window: tuple[float, float]) -> PromptTexts | None:
+    """A chat payload's texts of the run just driven (None for token ids)."""
+    stats_of = getattr(payload, "ahead_stats", None)
+    if stats_of is None:
+        return None
+    stats: AheadStats = stats_of()
+    return PromptTexts(built_ahead=stats.built_ahead, ahead_s=round(stats.ahead_s, 3),
+                       built_in_run=stats.built_in_run,
+                       late=sum(1 for t in stats.late if window[0] <= t < window[1]),
+                       run_late=len(stats.late))
+
 
 class Shaped:
     """A payload builder whose bodies are cut to what the engine accepts (a strict OpenAI
@@ -388,7 +439,7 @@ class Shaped:
         self.inner = inner
         self.adapter = adapter
         for hook in ("on_answer", "end_session", "reset", "prefetch", "prepare", "prebuild",
-                     "close"):
+                     "build_ahead", "ahead_stats", "close"):
             if hasattr(inner, hook):
                 setattr(self, hook, getattr(inner, hook))
 

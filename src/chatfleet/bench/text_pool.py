@@ -6,7 +6,8 @@ tokens and 5-10 ms for 1,024-2,048 on this machine. Built on the event loop, tha
 lag for every stream the harness reads, and it arrives with every request. A `TextPool` builds
 the texts in `workers` spawned processes, each with the tokenizer loaded once, so the loop only
 awaits a future and unpickles a string. The text is the same function of (n, seed) as inline,
-checked the same way: same seed, same bytes.
+checked the same way: same seed, same bytes. A chat sweep builds a run's texts before its
+clock starts (bench/payload.py), so the workers are busy while nothing is being timed.
 
 Spawned, not forked: the harness runs threads (NVML reads, aiohttp's resolver) that a fork would
 copy mid-flight.

@@ -12,6 +12,7 @@ from rich.table import Table
 from chatfleet.cli.common import out, uncalibrated_note
 from chatfleet.core.documents.plan import CountEdges, Doubling, Plan
 from chatfleet.core.documents.sweep import ClosedLoad, Load, SweepDoc, SweepPoint
+from chatfleet.core.measure.point import MIN_WINDOW_CYCLES
 from chatfleet.core.memory import PoolPlan
 
 
@@ -25,14 +26,15 @@ def load_label(load: Load) -> str:
 def point_row(p: SweepPoint) -> list[str]:
     label = load_label(p.load)
     thin = "*" if p.thin else ""
+    few = "~" if p.few_cycles else ""
     if not p.valid:
         label += " (invalid)"
     e = p.engine
     return [
         label,
         f"{p.attainment:.3f}{thin}",
-        fmt(p.goodput_rps, ".2f"),
-        fmt(p.output_tok_s, ".0f"),
+        fmt(p.goodput_rps, ".2f") + few,
+        fmt(p.output_tok_s, ".0f") + few,
         fmt(p.ttft_ms.p50, ".0f"),
         fmt(p.ttft_ms.p99, ".0f"),
         fmt(p.tpot_ms.p50, ".0f"),
@@ -54,8 +56,11 @@ def fmt(value: Any, spec: str) -> str:
 
 
 def sweep_table(doc: SweepDoc, title: str) -> Table:
-    t = Table(title=title,
-              caption="times in ms; * thin: fewer than 200 requests behind the percentiles")
+    caption = "times in ms; * thin: fewer than 200 requests behind the percentiles"
+    if any(p.few_cycles for p in doc.points):
+        caption += (f"; ~ few cycles: the window held fewer than {MIN_WINDOW_CYCLES:g} "
+                    "closed-loop cycles, the rate may move by up to 1 / cycles with its phase")
+    t = Table(title=title, caption=caption)
     gated = any(p.fleet is not None or p.requests.shed for p in doc.points)
     cols = ["load", "attain", "goodput/s", "tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
             "TPOT p99", "ITL p99", "running", "queue", "usage"]

@@ -158,6 +158,11 @@ def sweep(
                               f"{load_label(info['load'])})")
             elif kind == "cooldown":
                 progress.update(task, description=f"run {info['index']}: cooling down")
+            elif kind == "texts":  # the run's prompt texts, built before its clock starts
+                done, total = info["done"], info["total"]
+                if done == total or done % max(1, total // 100) == 0:
+                    progress.update(task, description=f"run {info['index']}: prompt texts "
+                                    f"{done}/{total}")
 
         sweep_run = LiveSweep(cfg, on_event)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatfleet.core.documents.sweep import ClosedLoad, Knee, Load, SweepDoc, SweepPoint
+from chatfleet.core.measure.point import MIN_WINDOW_CYCLES
 from chatfleet.report import human
 from chatfleet.report.human import DASH
 from chatfleet.report.load import Sweep, number
@@ -89,10 +90,12 @@ def points_table(sweep: Sweep) -> Table:
         headers.append("time scale")
     rows: list[list[str]] = []
     invalid: set[int] = set()
-    any_thin = False
+    any_thin = any_few = False
     for _, p in ordered_points(points):
         thin = bool(p.thin)
         any_thin = any_thin or thin
+        few = "~" if p.few_cycles else ""
+        any_few = any_few or bool(few)
         row = [load_text(p.load)]
         if has_run:
             row.append(fmt(p.run_index))
@@ -102,8 +105,8 @@ def points_table(sweep: Sweep) -> Table:
             validity(p),
             fmt(p.requests.offered) + ("*" if thin else ""),
             fmt(p.attainment, 3),
-            human.rate(p.goodput_rps),
-            fmt(p.output_tok_s, 0),
+            human.rate(p.goodput_rps) + few,
+            fmt(p.output_tok_s, 0) + few,
             fmt(p.ttft_ms.p50),
             fmt(p.ttft_ms.p99),
             fmt(p.tpot_ms.p50),
@@ -134,6 +137,11 @@ def points_table(sweep: Sweep) -> Table:
              f"target is {itl_stat}. ITL p99 pools every gap of every completed request."]
     if any_thin:
         notes.append("* thin: fewer than 200 requests behind the percentiles.")
+    if any_few:
+        notes.append(f"~ few cycles: the window held fewer than {MIN_WINDOW_CYCLES:g} of the "
+                     "closed loop's cycles (window_cycles in the sweep's JSON), so these rates "
+                     "may move by up to 1 / cycles with its phase; a longer window steadies "
+                     "them.")
     if has_scale:
         notes.append("Time scale: the point ran on a simserver at that --time-scale; its times "
                      "are converted back to model time.")
@@ -266,5 +274,6 @@ def _point_counts(sweep: Sweep) -> str:
     pts = sweep.points
     invalid = sum(1 for p in pts if not p.valid)
     thin = sum(1 for p in pts if p.thin)
-    text = f"{len(pts)} ({invalid} invalid, {thin} thin)"
-    return text
+    few = sum(1 for p in pts if p.few_cycles)
+    text = f"{len(pts)} ({invalid} invalid, {thin} thin"
+    return text + (f", {few} of few cycles)" if few else ")")

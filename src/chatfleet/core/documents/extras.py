@@ -129,11 +129,42 @@ class RunFiles:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PromptTexts:
+    """A chat run's prompt texts (docs/sweep.md): how many were built before its clock started
+    and the seconds that took, how many the lookahead built during the run, and the requests
+    that waited for theirs at their send time, in the window (`late`) and over the run
+    (`run_late`)."""
+
+    built_ahead: int = 0
+    ahead_s: float = 0.0
+    built_in_run: int = 0
+    late: int = 0
+    run_late: int = 0
+    extra: Extra = field(default_factory=no_extra)
+
+    _KEYS: ClassVar[tuple[str, ...]] = ("built_ahead", "ahead_s", "built_in_run", "late",
+                                        "run_late")
+
+    def to_json(self) -> JsonObject:
+        return with_extra({"built_ahead": self.built_ahead, "ahead_s": self.ahead_s,
+                           "built_in_run": self.built_in_run, "late": self.late,
+                           "run_late": self.run_late}, self.extra)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> PromptTexts:
+        d = obj(data, where)
+        return cls(built_ahead=integer(d, "built_ahead", where), ahead_s=num(d, "ahead_s", where),
+                   built_in_run=integer(d, "built_in_run", where),
+                   late=integer(d, "late", where), run_late=integer(d, "run_late", where),
+                   extra=rest(d, cls._KEYS))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LiveRun:
     """What a live sweep's run adds to its point: the answer-length check, the run's index
     (its seed is the base seed + the index), the flush verdicts where a flush needed proving,
     the cool-down before it (None when none was asked), the clock floor it was held to, its
-    files and its wall time."""
+    files, its wall time and, for the chat API, its prompt texts."""
 
     run_index: int
     token_check: TokenCheck | None = None
@@ -142,9 +173,10 @@ class LiveRun:
     clock_floor_mhz: float | None = None
     files: RunFiles | None = None
     wall_s: float | None = None
+    prompt_texts: PromptTexts | None = None
 
     KEYS: ClassVar[tuple[str, ...]] = ("token_check", "run_index", "flush_check", "cooldown",
-                                       "clock_floor_mhz", "files", "wall_s")
+                                       "clock_floor_mhz", "files", "wall_s", "prompt_texts")
 
     def write(self, out: JsonObject) -> None:
         if self.token_check is not None:
@@ -157,6 +189,8 @@ class LiveRun:
         if self.files is not None:
             out["files"] = self.files.to_json()
         put(out, "wall_s", self.wall_s)
+        if self.prompt_texts is not None:
+            out["prompt_texts"] = self.prompt_texts.to_json()
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], where: str) -> LiveRun:
@@ -164,6 +198,7 @@ class LiveRun:
         token = d.get("token_check")
         cool = d.get("cooldown")
         files = d.get("files")
+        texts = d.get("prompt_texts")
         return cls(run_index=integer(d, "run_index", where),
                    token_check=None if token is None
                    else TokenCheck.from_json(token, f"{where}: token_check"),
@@ -173,7 +208,9 @@ class LiveRun:
                                                                          f"{where}: cooldown"),
                    clock_floor_mhz=opt_num(d, "clock_floor_mhz", where),
                    files=None if files is None else RunFiles.from_json(files, f"{where}: files"),
-                   wall_s=opt_num(d, "wall_s", where))
+                   wall_s=opt_num(d, "wall_s", where),
+                   prompt_texts=None if texts is None
+                   else PromptTexts.from_json(texts, f"{where}: prompt_texts"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

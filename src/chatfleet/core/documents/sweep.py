@@ -6,9 +6,11 @@ SweepDoc        schema, target, workload, slo, points, knee, knee_rate, throughp
   SweepPoint    load, seed, flushed, valid, invalid_reason, duration_s, requests, output_tok_s,
                 request_rps, goodput_rps, attainment, admitted_attainment, ttft_ms, itl_ms,
                 tpot_ms, e2e_ms, cached_token_share, engine, gpu, client, itl_stat,
-                itl_estimated, thin, in_flight_max, window_s, time_scale
+                itl_estimated, thin, in_flight_max, window_s, time_scale, window_cycles,
+                few_cycles
                 + a live run's extras (LiveRun: token_check, run_index, flush_check, cooldown,
-                  clock_floor_mhz, files, wall_s) or a fleet's (FleetBlock: fleet)
+                  clock_floor_mhz, files, wall_s, prompt_texts) or a fleet's (FleetBlock:
+                  fleet)
     Load        ClosedLoad {"mode": "closed", "concurrency": N}
                 | OpenLoad {"mode": "open", "rate_rps": R, "arrival": ..., "burstiness": B}
     Quantiles   ttft_ms, itl_ms, tpot_ms, e2e_ms: p50, p90, p99, max, n
@@ -43,7 +45,14 @@ from chatfleet.core.documents.blocks import (
     SampledPower,
     TempStats,
 )
-from chatfleet.core.documents.extras import Cooldown, FleetBlock, LiveRun, RunFiles, TokenCheck
+from chatfleet.core.documents.extras import (
+    Cooldown,
+    FleetBlock,
+    LiveRun,
+    PromptTexts,
+    RunFiles,
+    TokenCheck,
+)
 from chatfleet.core.documents.fields import (
     DocumentError,
     Extra,
@@ -76,8 +85,8 @@ from chatfleet.core.slo import SLO
 __all__ = [  # the sweep document's types, wherever they live
     "MODES", "SCHEMA", "ClientBlock", "ClockStats", "ClosedLoad", "Cooldown", "EngineBlock",
     "FleetBlock", "GpuBlock", "Knee", "LiveRun", "Load", "Mode", "ModelledGpu", "ModelledPower",
-    "OpenLoad", "Peak", "Quantiles", "RequestCounts", "RunFiles", "SampledGpu", "SampledPower",
-    "SweepDoc", "SweepPoint", "Target", "TempStats", "TokenCheck", "check_mode",
+    "OpenLoad", "Peak", "PromptTexts", "Quantiles", "RequestCounts", "RunFiles", "SampledGpu",
+    "SampledPower", "SweepDoc", "SweepPoint", "Target", "TempStats", "TokenCheck", "check_mode",
     "load_from_json", "points_from_json", "valid_points",
 ]
 
@@ -116,6 +125,8 @@ class SweepPoint:
     in_flight_max: int | None = None
     window_s: tuple[float, float] | None = None
     time_scale: float | None = None
+    window_cycles: float | None = None
+    few_cycles: bool | None = None
     live: LiveRun | None = None
     fleet: FleetBlock | None = None
     extra: Extra = field(default_factory=no_extra)
@@ -125,7 +136,7 @@ class SweepPoint:
         "output_tok_s", "request_rps", "goodput_rps", "attainment", "admitted_attainment",
         "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "cached_token_share", "engine", "gpu",
         "client", "itl_stat", "itl_estimated", "thin", "in_flight_max", "window_s",
-        "time_scale", "fleet")
+        "time_scale", "window_cycles", "few_cycles", "fleet")
 
     @property
     def mode(self) -> Mode:
@@ -169,6 +180,8 @@ class SweepPoint:
         if self.window_s is not None:
             out["window_s"] = list(self.window_s)
         put(out, "time_scale", self.time_scale)
+        put(out, "window_cycles", self.window_cycles)
+        put(out, "few_cycles", self.few_cycles)
         if self.live is not None:
             self.live.write(out)
         if self.fleet is not None:
@@ -209,7 +222,9 @@ class SweepPoint:
             itl_estimated=opt_bool(d, "itl_estimated", where), thin=opt_bool(d, "thin", where),
             in_flight_max=opt_int(d, "in_flight_max", where),
             window_s=None if window is None else (window[0], window[1]),
-            time_scale=opt_num(d, "time_scale", where), live=live,
+            time_scale=opt_num(d, "time_scale", where),
+            window_cycles=opt_num(d, "window_cycles", where),
+            few_cycles=opt_bool(d, "few_cycles", where), live=live,
             fleet=None if fleet is None else FleetBlock.from_json(fleet, f"{where}: fleet"),
             extra=rest(d, (*cls._KEYS, *(LiveRun.KEYS if live is not None else ()))),
         )

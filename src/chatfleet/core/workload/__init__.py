@@ -5,7 +5,9 @@ closed-loop users and open-loop arrivals. Everything is seeded through a `random
   (what one user does, as the plan states it);
 - `sessions`: `Workload` makes sessions and their turns as segments (`RequestSpec`), and
   `segment_tokens` turns segments into synthetic token ids;
-- `load`: `ClosedLoop`, `OpenLoop` and `driver_for` (a load point to its driver).
+- `load`: `ClosedLoop`, `OpenLoop` and `driver_for` (a load point to its driver);
+- `ahead`: `TurnsAhead`, a run's turns listed before they are sent (by a shadow driver), and
+  `turns_to_build` (how many of a closed-loop user's turns to list ahead).
 """
 
 from chatfleet.core.workload.config import (
