@@ -73,6 +73,12 @@ def print_trace_answer(doc: Plan) -> None:
               f"replica (engine guard {rec.engine_guard}), {rec.replicas} replicas on "
               f"{rec.cards} cards: at the peak {lvl.peak_users} users open, "
               f"{rec.users_per_card} per card. Why: {rec.why}", highlight=False)
+    if "meets_target" in lvl.fields and not lvl.fields["meets_target"]:
+        out.print(f"[bold red]this fleet does not meet the target:[/] "
+                  f"{int(lvl.fields.get('shed') or 0):,} of {int(lvl.fields['offered']):,} "
+                  f"turns shed, attainment {fmt(lvl.attainment, '.4f')} (worst hour "
+                  f"{(lvl.fields.get('worst_segment') or {}).get('attainment', 0):.4f})",
+                  highlight=False)
     if dbl is not None:
         out.print(f"the traffic x{f['doubling']:g} (sessions start {f['doubling']:g} times as "
                   "often): " + (f"{dbl.replicas} replicas" if dbl.replicas is not None
@@ -113,7 +119,10 @@ def thermal_lines(thermal: Mapping[str, Any] | None) -> list[str]:
     if c.get("held_clock"):
         return [f"thermal: {where}: the card holds its clock under the modelled cooling"]
     lines = [f"thermal: {where}: under the modelled cooling the card throttles to "
-             f"{fmt(c.get('settled_mhz'), '.0f')} MHz (busy {c.get('busy_share', 0):.0%}; "
+             f"{fmt(c.get('settled_mhz'), '.0f')} MHz"
+             + (f" after {_duration(float(after))} of its replay (lead-in included)"
+                if (after := c.get("slowdown_after_s")) is not None else "")
+             + f" (busy {c.get('busy_share', 0):.0%}; "
              f"holding the clock needs at most {c.get('max_r_c_per_w', 0):.2f} C/W at the "
              f"inlet)"]
     if held:

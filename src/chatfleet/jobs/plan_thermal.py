@@ -112,8 +112,11 @@ def trace_thermal(planner: TracePlanner, req: PlanRequest, name: str, fig: Preci
     on = planner.singles[f"{name}/clocks/on"].result
     if off is None or on is None or off.gpu is None or on.gpu is None:
         return
-    cooling = cooling_block(replace(eng.spec, thermal=True), off.gpu, on.gpu)
     busiest = busiest_first(target)[0]
+    cooling = cooling_block(replace(eng.spec, thermal=True), off.gpu, on.gpu)
+    if cooling.slowdown_after_s is not None:  # the replay's clock is the trace's: from its
+        first = float(target[busiest].time.min())  # first line (the lead-in's) on
+        cooling = replace(cooling, slowdown_after_s=round(cooling.slowdown_after_s - first, 1))
     block: dict[str, Any] = {"segment": busiest, "replicas": replicas,
                              "cooling": cooling.to_json(), "held_clock": None}
     state["thermal"], state["cooling"] = block, cooling

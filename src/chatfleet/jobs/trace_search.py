@@ -173,6 +173,8 @@ def level(results: list[SegmentResult], segments: int, search: Search | None,
     tpot = percentiles(np.concatenate([np.frombuffer(r.tpot_s) for r in results]), (50, 99),
                        scale=1000.0)
     out.update(
+        # every segment replayed, nothing shed and the target attainment met in each
+        meets_target=len(results) == segments and all(r.passed for r in results),
         peak_users=peak,
         users_per_card=None if not replicas else math.ceil(peak / replicas),
         offered=offered, completed=sum(r.completed for r in results), shed=shed,
