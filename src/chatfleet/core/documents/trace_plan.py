@@ -1,4 +1,4 @@
-"""The `trace` block of a `plan --trace` answer (docs/plan.md#the-answer-for-your-traffic),
+"""The `trace` block of a `plan --trace` answer (docs/plan.md#your-own-traffic-chatfleet-plan---trace-file),
 kept as the plan's trace job wrote it (jobs/plan_trace.py) and read through typed views:
 
 ```
