@@ -1,5 +1,6 @@
 """The `trace` block of a `plan --trace` answer
-(docs/plan.md#your-own-traffic-chatfleet-plan---trace-file), kept as the plan's trace job wrote it (jobs/plan_trace.py) and read through typed views:
+(docs/plan.md#your-own-traffic-chatfleet-plan---trace-file), kept as the plan's trace job
+wrote it (jobs/plan_trace.py) and read through typed views:
 
 ```
 trace        the trace (source, format, lines, turns, retries, sessions, span, window, time
