@@ -22,7 +22,7 @@ def json_lines(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """(line number, where, object) for each non-blank line of a JSON Lines file; a line
     that is not a JSON object raises TraceError naming the file and the line."""
     if path.is_dir():
-        raise TraceError(f"{path}: a folder, not a trace file")
+        raise TraceError(f"{path} is a folder: give the path of a file")
     try:
         f = path.open("rb")
     except FileNotFoundError:
