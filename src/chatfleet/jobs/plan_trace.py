@@ -6,7 +6,9 @@
 2. The trace cut into hour segments; for each precision, the fewest replicas at which,
    in every segment, nothing is shed and the target attainment holds
    (core/traffic/search.py), every replay the gateway's own admission and routing in front
-   of the engine model (twin/trace_fleet.py), at the cap and reserve of that precision.
+   of the engine model (twin/trace_fleet.py), at the cap and reserve of that precision;
+   judged on the busiest hours, and only the chosen precision's answer verified on every
+   hour (the search goes on upward from there if an hour fails it).
 3. For the precision with the fewest: the same with the sessions' arrivals compressed by
    `--doubling` (2: twice the sessions an hour), the searches at the edges of the
    calibration's error band (judged on the busiest hours), what the fleet sized for the trace
@@ -234,14 +236,27 @@ def _stages(planner: TracePlanner, req: PlanRequest, treq: TraceRequest, trace: 
                 planner.single(f"{name}/target/{seg.index}", _engine(req, fig), treq.replicas,
                                seg)
             continue
+        # judged on the busiest hours only: only the chosen precision is verified on every
+        # hour (the others' fleets are the costlier ones, and their answers say so)
         guess = first_guess(fig, target)
         planner.search(f"{name}/target", _engine(req, fig), target, guess,
-                       min(MAX_REPLICAS, max(64, 16 * guess)))
+                       min(MAX_REPLICAS, max(64, 16 * guess)), verify=len(usable) == 1)
     yield
     best = _choose(usable, planner, treq)
     state["best"] = best
     if best is None:
         return
+    judged = planner.searches.get(f"{best}/target")
+    if judged is not None and not judged.search.verify:
+        start = judged.search.answer
+        assert start is not None
+        verified = planner.search(f"{best}/target", _engine(req, usable[best]), target,
+                                  start, judged.search.max_replicas)
+        verified.search.lo = judged.search.lo  # one fewer is known to fail: verify at once
+        yield
+        if planner.searches[f"{best}/target"].search.answer is None:  # no fleet up to the
+            state["best"] = None  # limit serves every hour
+            return
     fig = usable[best]
     eng = _engine(req, fig)
     replicas = _replicas(planner, best, treq)

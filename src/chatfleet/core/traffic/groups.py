@@ -12,8 +12,8 @@ as the rendezvous home is, at one hash per session where the home takes R) with 
 the queue (k caps); inside a group the gateway's own router places them. Each group runs as a
 fleet of its own, in bounded memory (one after another inside a replay task: the hours of the
 trace and the candidate fleets are what the plan's workers run at once), and the fleet meets
-the target when every group does. What is lost is the coupling between groups: a spill or a queued request
-that another group would have taken. A group of k >= R is the whole fleet
+the target when every group does. What is lost is the coupling between groups: a spill or a
+queued request that another group would have taken. A group of k >= R is the whole fleet
 (tests/traffic checks that the groups agree with it on traces it serves).
 """
 
