@@ -13,7 +13,7 @@ from __future__ import annotations
 from chatfleet.core.calibration import ASSUMED_BF16_GEMM_EFF, fit_l4
 from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.twin.sweep import TwinSweep

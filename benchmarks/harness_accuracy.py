@@ -8,13 +8,13 @@ Usage:
 Each point starts `chatfleet simserver` (L4 model, FP8 weights, FP8 KV cache, time scale 1:
 real time) as a subprocess with `--trace`, so client and server are separate processes, and
 drives N closed-loop streaming users against it with `chatfleet.bench.drive.drive`, exactly as
-`chatfleet sweep` does: `completions_with_ids(model, send_rid=True)` (prompt as token ids:
+`chatfleet sweep` does: `IdsPayload(model, send_rid=True)` (prompt as token ids:
 128 shared system-prompt tokens + 64 user tokens, 128 output tokens, ignore_eos), no think
 time, all users starting at once, `Clock(1.0)`, a warm-up, a measured window (requests sent in
 [warm-up, warm-up + duration)) and a bounded drain.
 
 `--api chat` drives the same users through the chat API, the product's path, as `chatfleet
-sweep --api chat` does: real Qwen3 text of exact token counts (bench/payload.ChatPayload, its
+sweep --api chat` does: real Qwen3 text of exact token counts (bench/chat_payload.ChatPayload, its
 texts built before the clock starts in the two prompt workers), the simserver naming each
 request (its response id). Every point runs once per API given (`ids,chat` by default).
 
@@ -79,15 +79,18 @@ from typing import Any
 import numpy as np
 import orjson
 
+from chatfleet.bench.chat_payload import ChatPayload
 from chatfleet.bench.client import Clock, make_session
-from chatfleet.bench.drive import LOOP_PROBE_S, DriveResult, Payload, completions_with_ids, drive
-from chatfleet.bench.payload import ChatPayload
-from chatfleet.bench.sweep import LiveSweepConfig, p99
+from chatfleet.bench.drive import LOOP_PROBE_S, DriveResult, drive
+from chatfleet.bench.live_run import p99
+from chatfleet.bench.payload import IdsPayload, Payload
+from chatfleet.bench.sweep_config import LiveSweepConfig
 from chatfleet.bench.text_pool import TextPool
 from chatfleet.core.documents.sweep import ClosedLoad, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import ClosedLoop, LengthSpec, Workload, WorkloadConfig
 from chatfleet.core.workload.ahead import TurnsAhead
@@ -221,8 +224,7 @@ async def run_load(url: str, n: int, args: argparse.Namespace) -> ClientRun:
                   session=session),
             timeout=args.warmup + args.duration + args.drain + 60.0)
     finally:
-        if isinstance(payload, ChatPayload):
-            payload.close()
+        payload.close()
         probe_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await probe_task
@@ -237,7 +239,7 @@ async def make_payload(wcfg: WorkloadConfig, n: int, args: argparse.Namespace) -
     clock starts, as `chatfleet sweep --api chat` builds them (the first run of a sweep: the
     users' first turns, the rest by the lookahead)."""
     if args.api == "ids":
-        return completions_with_ids(MODEL_NAME, send_rid=True)
+        return IdsPayload(MODEL_NAME, send_rid=True)
     tok = load_qwen_tokenizer()
     pool = TextPool(tok.directory)
     pool.start()

@@ -49,8 +49,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chatfleet.bench import sweep as sweep_mod
-from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig
+from chatfleet.bench import live_run
+from chatfleet.bench.sweep import LiveSweep
+from chatfleet.bench.sweep_config import LiveSweepConfig
 from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 
@@ -103,14 +104,14 @@ class WindowCpu:
     """The loop's own CPU in the run's window, contention aside: each iteration of the event
     loop (`_run_once`: its callbacks' CPU time, `time.thread_time`) and each pass of the cyclic
     garbage collector (its CPU time, its generation), and the clock the run's window counts
-    from (chatfleet.bench.sweep's Clock, as it is made)."""
+    from (chatfleet.bench.live_run's Clock, as it is made)."""
 
     def __init__(self) -> None:
         self.iterations: list[tuple[float, float]] = []  # (monotonic start, CPU ms)
         self.collections: list[tuple[float, int, float]] = []  # (start, generation, CPU ms)
         self.t0: float | None = None
         self._run_once = asyncio.base_events.BaseEventLoop._run_once  # type: ignore[attr-defined]
-        self._clock = sweep_mod.Clock  # type: ignore[attr-defined]
+        self._clock = live_run.Clock  # type: ignore[attr-defined]
         self._started = (0.0, 0.0)
 
     def __enter__(self) -> WindowCpu:
@@ -129,7 +130,7 @@ class WindowCpu:
                 outer.t0 = self.t0
 
         asyncio.base_events.BaseEventLoop._run_once = run_once  # type: ignore[attr-defined]
-        sweep_mod.Clock = Clock  # type: ignore[attr-defined]
+        live_run.Clock = Clock  # type: ignore[attr-defined]
         gc.callbacks.append(self._gc)
         return self
 
@@ -142,7 +143,7 @@ class WindowCpu:
 
     def __exit__(self, *exc: object) -> None:
         asyncio.base_events.BaseEventLoop._run_once = self._run_once  # type: ignore[attr-defined]
-        sweep_mod.Clock = self._clock  # type: ignore[attr-defined]
+        live_run.Clock = self._clock  # type: ignore[attr-defined]
         gc.callbacks.remove(self._gc)
 
     def summary(self, warmup_s: float, duration_s: float) -> dict[str, Any]:

@@ -72,7 +72,8 @@ import numpy as np
 import orjson
 
 from chatfleet.bench.client import Clock, make_session
-from chatfleet.bench.drive import completions_with_ids, drive
+from chatfleet.bench.drive import drive
+from chatfleet.bench.payload import IdsPayload
 from chatfleet.core.engine.build import EngineSpec, build_scheduler
 from chatfleet.core.engine.step_time import StepTimeModel, attention_pairs
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -309,7 +310,7 @@ async def run_load(url: str, n: int, window_s: float, warm_s: float, drain_s: fl
                                          server_pid, cpu))
     try:
         res = await asyncio.wait_for(
-            drive([url], driver, completions_with_ids(MODEL_NAME), window_end=window_s,
+            drive([url], driver, IdsPayload(MODEL_NAME), window_end=window_s,
                   drain_s=drain_s, clock=clock, session=session),
             timeout=limit_s)
     finally:

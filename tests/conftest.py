@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import chatfleet
+
 RELIABILITY = Path(__file__).parent / "reliability"
 
 
@@ -24,3 +26,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if RELIABILITY in item.path.parents:
             item.add_marker(pytest.mark.xdist_group("reliability"))
+
+
+def native_mode() -> str:
+    """Which twin core this run tests: the compiled modules, or their sources and why."""
+    status = chatfleet.NATIVE
+    return ("chatfleet twin core: " + ("compiled (mypyc)" if status.compiled
+                                       else f"Python ({status.reason})"))
+
+
+def pytest_report_header() -> str:
+    return native_mode()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The mode again under the results: the suite's -q leaves the header out."""
+    terminalreporter.write_line(native_mode())

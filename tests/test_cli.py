@@ -418,10 +418,10 @@ def test_each_flag_default_is_read_from_its_one_home() -> None:
     module or dataclass that owns them, so a flag cannot drift from the code's default."""
     import typer.main
 
-    from chatfleet.bench.sweep import LiveSweepConfig
+    from chatfleet.bench.sweep_config import LiveSweepConfig
     from chatfleet.core import defaults
     from chatfleet.core.fleet.fleet import FleetSettings
-    from chatfleet.core.metrics import SLO
+    from chatfleet.core.slo import SLO
     from chatfleet.core.workload import LengthSpec, WorkloadConfig
     from chatfleet.gateway.config import GatewayConfig
     from chatfleet.twin.fleet import FleetConfig

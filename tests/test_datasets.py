@@ -344,15 +344,3 @@ def test_gsm8k_answer_and_model_answer() -> None:
     assert extract_model_answer("It is 2.5 hours") == "2.5"
     assert extract_model_answer("<think>\n5 + 5</think>\n\nThe answer is -10.") == "-10"
     assert extract_model_answer("no digits") is None
-
-
-def test_the_old_datasets_module_still_imports_for_one_release() -> None:
-    import importlib
-    import sys
-
-    sys.modules.pop("chatfleet.datasets", None)
-    with pytest.warns(DeprecationWarning, match=r"chatfleet\.data"):
-        old = importlib.import_module("chatfleet.datasets")
-    assert old.load_qwen_tokenizer is load_qwen_tokenizer
-    assert old.gsm8k_answer is gsm8k_answer
-    assert all(hasattr(old, name) for name in old.__all__)

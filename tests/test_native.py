@@ -126,6 +126,58 @@ def test_a_partial_or_foreign_build_is_not_used(tmp_path: Path,
     assert "unreadable build manifest" in check_build(tmp_path).reason
 
 
+def test_an_extension_the_build_does_not_list_makes_the_build_stale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module dropped from NATIVE_MODULES keeps its extension until a build removes it:
+    the build is not used, and that module loads from its source as the listed ones do."""
+    monkeypatch.delenv("CHATFLEET_NATIVE", raising=False)
+    fake_build(tmp_path)
+    dropped = tmp_path / "core" / "engine" / "build.py"
+    dropped.write_text("# once compiled\n")
+    extension_of(dropped).write_bytes(b"")
+    status = check_build(tmp_path)
+    assert not status.compiled
+    assert status.reason.startswith("core/engine/build.") and "does not list" in status.reason
+    assert dropped in _native.sources_to_load(tmp_path)
+    assert _native.source_of(extension_of(dropped)) == dropped
+    plain = tmp_path / "core" / "plan.so"  # the plainest suffix loads too
+    extension_of(dropped).unlink()
+    plain.write_bytes(b"")
+    assert check_build(tmp_path).reason.startswith("core/plan.so")
+    assert _native.source_of(plain) == tmp_path / "core" / "plan.py"
+    plain.unlink()
+    assert check_build(tmp_path).compiled
+
+
+def test_a_fallback_says_so_once_per_process_tree(tmp_path: Path) -> None:
+    """A process that runs the sources while a build is there prints one line on stderr, and
+    the processes it starts stay quiet; CHATFLEET_NATIVE=0 asked for it and stays quiet."""
+    status = _native.NativeStatus(False, "core/engine/radix.py changed since the build")
+    assert _native.fallback_note(status).count("\n") == 0
+    assert "radix.py changed" in _native.fallback_note(status)
+    script = ("import os, sys, subprocess\n"
+              "from chatfleet import _native\n"
+              "_native.check_build = lambda root=None: _native.NativeStatus(False, 'stale')\n"
+              "_native.compiled_files = lambda root=None: ['x.so']\n"
+              "_native.sources_to_load = lambda root=None: []\n"
+              "_native.install()\n"
+              "_native.install()\n"
+              "if len(sys.argv) == 1:\n"
+              "    subprocess.run([sys.executable, __file__, 'child'], check=True)\n")
+    path = tmp_path / "note.py"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CHATFLEET_NATIVE", _native.NOTED_ENV)}
+    out = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    lines = out.stderr.splitlines()
+    # `import chatfleet` itself may have said it already (a stale build here): one line all told
+    assert len([line for line in lines if line.startswith("chatfleet: ")]) == 1, out.stderr
+    quiet = subprocess.run([sys.executable, str(path)], env={**env, "CHATFLEET_NATIVE": "0"},
+                           capture_output=True, text=True, timeout=60, check=True)
+    assert quiet.stderr == ""
+
+
 def test_a_stale_build_loads_every_compiled_module_from_source(tmp_path: Path) -> None:
     """The finder a stale build installs returns each listed module's .py (a package's with
     its folder to search), and nothing for any other module."""

@@ -33,6 +33,7 @@ from chatfleet._native import (  # noqa: E402
     MANIFEST,
     PACKAGE_DIR,
     check_build,
+    compiled_files,
     digest,
     extension_of,
     native_sources,
@@ -40,14 +41,13 @@ from chatfleet._native import (  # noqa: E402
 
 
 def clean() -> int:
-    """Remove the manifest first (so a half-removed build is never used), then the modules."""
+    """Remove the manifest first (so a half-removed build is never used), then every extension
+    module in the package: the listed ones, and any a module dropped from the list left."""
     (PACKAGE_DIR / MANIFEST).unlink(missing_ok=True)
     removed = 0
-    for path in native_sources():
-        ext = extension_of(path)
-        if ext.exists():
-            ext.unlink()
-            removed += 1
+    for ext in compiled_files():
+        ext.unlink()
+        removed += 1
     for lib in SRC.glob(f"{GROUP}__mypyc*"):
         lib.unlink()
         removed += 1

@@ -19,6 +19,9 @@
 #            rps (also resumable)
 #   gateway  chatfleet gateway over B and C (cap 16 each), 4-turn sessions, affinity on and off,
 #            the replicas' own gauges sampled
+#   GRAPHS=1 before `up`: A and B run vLLM's default CUDA graphs (no --enforce-eager;
+#            torch.compile) and C is not started, so `l4pool` and `full` measure what users run
+#            (the runs of 2026-12-03's second session; `promise` and `gateway` need C)
 #   graphs   stop A and start D :8004 on A's cores with vLLM's default CUDA graphs (no
 #            --enforce-eager; torch.compile), 20 GiB, then the full step's workload at
 #            $GRAPHS_GRID users: whether this build runs what users run, and its step time
@@ -72,8 +75,9 @@ vllm_start() {  # name port kv_bytes cpus
       > "$WORK/vllm-$1.log" 2>&1 < /dev/null &
     return
   fi
+  local eager=--enforce-eager; [ "${GRAPHS:-0}" = 1 ] && eager=
   setsid taskset -c "$4" python3 -m vllm.entrypoints.openai.api_server --model $MODEL \
-    --served-model-name qwen3-8b --host 127.0.0.1 --port "$2" --enforce-eager \
+    --served-model-name qwen3-8b --host 127.0.0.1 --port "$2" $eager \
     --attention-backend TRITON_ATTN --max-model-len 8192 --enable-prefix-caching \
     --enable-prompt-tokens-details --gpu-memory-utilization 0.3 --kv-cache-memory "$3" \
     > "$WORK/vllm-$1.log" 2>&1 < /dev/null &
@@ -84,11 +88,12 @@ step_up() {
   [ "$SIM" = 1 ] || [ -f "$MODEL/config.json" ] || python3 benchmarks/device/make_random_qwen3.py "$MODEL"
   vllm_start A 8001 3552804864 $CPUS_A
   vllm_start B 8002 21474836480 $CPUS_B
-  vllm_start C 8003 21474836480 $CPUS_C
-  wait_up http://127.0.0.1:8001 http://127.0.0.1:8002 http://127.0.0.1:8003 || return 1
+  local ports="8001 8002 8003"
+  if [ "${GRAPHS:-0}" = 1 ]; then ports="8001 8002"; else vllm_start C 8003 21474836480 $CPUS_C; fi
+  wait_up $(for p in $ports; do echo http://127.0.0.1:$p; done) || return 1
   grep -h "GPU KV cache size" $WORK/vllm-*.log
   # compile the Triton kernels before anything is measured (short and long prompts, batches)
-  for port in 8001 8002 8003; do
+  for port in $ports; do
     cf sweep --target http://127.0.0.1:$port --engine $ENGINE "${COMMON[@]}" --concurrency 8 \
       --lengths uniform --input-len 1024 --output-len 64 --range-ratio 0.9 --range-convention vllm \
       --duration 6 --warmup 0 --drain 30 --no-flush --out $WORK/warm-$port >/dev/null 2>&1

@@ -12,7 +12,7 @@ from chatfleet.cli import app
 from chatfleet.core.calibration import L4_CALIBRATION
 from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.twin.calibrate import calibrate, load_profile, workload_from_json

@@ -15,7 +15,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from chatfleet.bench.client import Clock, make_session, retry_after_s
-from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
+from chatfleet.bench.drive import DriveResult, drive
+from chatfleet.bench.payload import IdsPayload
 from chatfleet.core.workload import ClosedLoop, LengthSpec, OpenLoop, Workload, WorkloadConfig
 
 
@@ -81,7 +82,7 @@ async def run(srv: Shedder, driver_of: Any, window_end: float, scale: float = 1.
         url = f"http://127.0.0.1:{port}"
         clock = Clock(scale=scale)
         async with make_session() as session:
-            res = await drive([url], driver_of, completions_with_ids("m", send_rid=True),
+            res = await drive([url], driver_of, IdsPayload("m", send_rid=True),
                               window_end=window_end, drain_s=5.0 * scale, clock=clock,
                               session=session, **kw)
         return res, clock.t0

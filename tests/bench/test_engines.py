@@ -32,6 +32,7 @@ from chatfleet.engines import (
     verify_flush_from_cached,
 )
 from chatfleet.simserver.server import RunningServer, ServerConfig, serve_in_thread
+from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "qwen3-8b"
@@ -183,7 +184,7 @@ def test_scraper_reads_the_simservers_engine_state(sim: RunningServer, tmp_path:
             async with EngineScraper("simserver", sess, url, interval_s=0.05, clock=clock,
                                      path=path) as sc:
                 await asyncio.gather(*(one(sess, i) for i in range(8)))
-                await asyncio.sleep(0.1)
+                await sc.scrape_once()  # the engine as the load left it
         return sc
 
     sc = run(main())
@@ -266,7 +267,7 @@ def test_scraper_counts_failures() -> None:
     async def main() -> EngineScraper:
         async with EngineScraper("sglang", None, ["http://127.0.0.1:9"], interval_s=0.05,
                                  timeout_s=0.5) as sc:
-            await asyncio.sleep(0.3)
+            assert await wait_for_async(lambda: sc.failures >= 2)
         return sc
 
     sc = run(main())
@@ -456,7 +457,7 @@ def test_vllm_metrics_and_scraped_hit_rate(old_names: bool) -> None:
     async def main() -> EngineScraper:
         async with serve_fake(fake) as url, aiohttp.ClientSession() as sess, \
                 EngineScraper("vllm", sess, url, interval_s=10.0) as sc:
-            await asyncio.sleep(0.05)  # the first scrape
+            assert await wait_for_async(lambda: len(sc.records) == 1)  # the first scrape
             for i in range(4):  # 64 shared words + 16 own: the 3 later ones hit 64 of 80
                 body = {"model": MODEL, "prompt": f"{shared} " + f"u{i} " * 16}
                 async with sess.post(url + "/v1/completions", json=body) as resp:

@@ -17,11 +17,13 @@ import orjson
 import pytest
 from aiohttp import web
 
-from chatfleet.bench import payload as payload_mod
+from chatfleet.bench import chat_payload as payload_mod
+from chatfleet.bench.chat_payload import ChatPayload, user_text_seed
 from chatfleet.bench.client import Clock, make_session
 from chatfleet.bench.drive import drive
-from chatfleet.bench.payload import ChatPayload, user_text_seed
-from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, Shaped
+from chatfleet.bench.payload import PlainPayload, Shaped
+from chatfleet.bench.sweep import LiveSweep
+from chatfleet.bench.sweep_config import LiveSweepConfig
 from chatfleet.bench.text_pool import PARENT_CHECK_S, TextPool
 from chatfleet.core.documents.sweep import ClosedLoad, OpenLoad
 from chatfleet.core.engine.build import EngineSpec
@@ -212,7 +214,7 @@ def test_each_send_starts_the_builds_of_its_users_next_turns(pool: TextPool) -> 
     assert payload.ahead_stats().built_in_run == 5
 
 
-class SlowPrepare:
+class SlowPrepare(PlainPayload):
     """A payload whose texts take 50 ms to build, off the loop: logs when each request's build
     was asked for and when it was ready."""
 

@@ -14,8 +14,10 @@ from typing import Any
 import orjson
 import pytest
 
-from chatfleet.bench import sweep as sweep_mod
-from chatfleet.bench.sweep import LivePoints, LiveSweep, LiveSweepConfig
+from chatfleet.bench import live_run
+from chatfleet.bench.live_run import LivePoints
+from chatfleet.bench.sweep import LiveSweep
+from chatfleet.bench.sweep_config import LiveSweepConfig
 from chatfleet.core.documents.sweep import (
     ClosedLoad,
     GpuBlock,
@@ -29,12 +31,13 @@ from chatfleet.core.documents.sweep import (
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.measure import validity
 from chatfleet.core.measure.validity import below_clock_floor
-from chatfleet.core.metrics import SLO
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.engines.simserver import SimserverAdapter
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
 from chatfleet.twin.sweep import TwinPoints, TwinSweep
+from tests.waiting import wait_for
 
 SMALL = WorkloadConfig(system_prompt_tokens=256, lengths=LengthSpec("fixed", 64, 32))
 
@@ -62,7 +65,7 @@ def closed(*users: int) -> list[Load]:
 @pytest.mark.timeout(120)
 def test_a_refused_flush_makes_the_run_invalid(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sweep_mod, "FLUSH_RETRY_S", 0.05)
+    monkeypatch.setattr(live_run, "FLUSH_RETRY_S", 0.05)
     with serve_in_thread(ServerConfig(spec=spec(), time_scale=20)) as srv:
         url = srv.urls[0]
         stop = threading.Event()
@@ -78,7 +81,7 @@ def test_a_refused_flush_makes_the_run_invalid(tmp_path: Path,
 
         t = threading.Thread(target=hold, daemon=True)
         t.start()
-        time.sleep(0.5)
+        assert wait_for(lambda: srv.replicas[0].sched.num_running() == 1)  # it holds the engine
         doc = asyncio.run(LiveSweep(config([url], tmp_path / "s", closed(2))).run())
         stop.set()
         t.join(10)
@@ -172,7 +175,13 @@ def test_resume_after_an_interrupted_sweep_loses_no_finished_run(tmp_path: Path)
 def test_a_flushed_sweep_of_two_simservers_finds_the_twins_knees(tmp_path: Path) -> None:
     wcfg = WorkloadConfig(lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm"))
     slo = SLO()
-    grids = {"bf16": closed(2, 4, 8), "fp8": closed(8, 16, 32)}
+    # each grid's knee is one the wall clock can hold on a shared 2-core machine: in the twin
+    # the load that meets has its TPOT p99 20% or more under the target (2 users BF16: 79 ms;
+    # 8 users FP8: 61 ms) and the one that fails misses by far (attainment 0.68 and 0.15).
+    # A grid with 4 BF16 users (92 ms, 8% under) failed at random under load: at time_scale
+    # 10 its margin is 0.9 ms of real time a token, less than a busy machine's scheduling
+    # delays
+    grids = {"bf16": closed(2, 8), "fp8": closed(8, 32)}
     for prec, loads in grids.items():
         eng = spec(prec)
         twin = TwinSweep(eng, wcfg, slo, duration_s=90.0, warmup_s=10.0, seed=21).run(loads)
@@ -188,12 +197,15 @@ def test_a_flushed_sweep_of_two_simservers_finds_the_twins_knees(tmp_path: Path)
 @pytest.mark.timeout(240)
 def test_refine_bisects_the_knee_bracket_down_to_one_user(tmp_path: Path) -> None:
     wcfg = WorkloadConfig(lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm"))
-    with serve_in_thread(ServerConfig(spec=spec("fp8"), time_scale=20)) as srv:
-        cfg = config(srv.urls, tmp_path / "s", closed(4, 64), wcfg=wcfg, duration_s=40.0,
+    # time_scale 10 and a bracket from 2 users (TPOT p99 far under the target) so the
+    # bracket's low end meets on a busy machine too (at time_scale 20 from 4 users it failed
+    # at random under load: the knee is the simserver's wall clock's, not the policy's)
+    with serve_in_thread(ServerConfig(spec=spec("fp8"), time_scale=10)) as srv:
+        cfg = config(srv.urls, tmp_path / "s", closed(2, 64), wcfg=wcfg, duration_s=40.0,
                      warmup_s=5.0, refine=True, refine_max_runs=6)
         doc = asyncio.run(LiveSweep(cfg).run())
     tested = [p.load.value for p in doc.points]
-    assert tested[:2] == [4, 64]
+    assert tested[:2] == [2, 64]
     assert len(tested) > 2  # the bracket (4, 64) was bisected
     knee = doc.knee
     assert knee.meets is not None and knee.fails is not None
@@ -220,7 +232,7 @@ def test_the_live_and_the_twin_sweep_refine_by_one_policy(tmp_path: Path,
 
     async def fake_run(self: LivePoints, load: Load, index: int) -> SweepPoint:
         return replace(synthetic(load), live=LiveRun(run_index=index),
-                       seed=self.sweep.cfg.seed + index)
+                       seed=self.ctx.cfg.seed + index)
 
     async def no_target(self: LiveSweep, session: Any) -> None:
         self.target = {"engine": "simserver"}
@@ -243,7 +255,7 @@ def test_live_refinement_stops_at_its_users_and_time_bounds(
     async def fake_run(self: LivePoints, load: Load, index: int) -> SweepPoint:
         await asyncio.sleep(0.05)
         return SweepPoint(load=load, attainment=1.0, valid=True, live=LiveRun(run_index=index),
-                          seed=self.sweep.cfg.seed + index, output_tok_s=1.0)
+                          seed=self.ctx.cfg.seed + index, output_tok_s=1.0)
 
     async def no_target(self: LiveSweep, session: Any) -> None:
         self.target = {"engine": "simserver"}

@@ -38,8 +38,35 @@ from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.measure.validity import below_clock_floor
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.simserver.server import RunningServer, ServerConfig, serve_in_thread
+from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.timeout(60)
+
+
+class SteppedWall:
+    """A wall clock the test moves (bench/telemetry/sampler.py's WallClock): a wait moves it by
+    what was asked at once, and the `ticks`-th wait holds the sampler until it is stopped, so it
+    takes exactly `ticks` samples, exactly an interval apart, however busy the machine is."""
+
+    def __init__(self, ticks: int, start: float = 1000.0) -> None:
+        self.now = start
+        self.ticks = ticks
+        self.waits = 0
+        self.done = asyncio.Event()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits += 1
+        if self.waits >= self.ticks:
+            self.done.set()
+            await asyncio.Event().wait()  # until the sampler is cancelled
+        self.now += seconds
+        await asyncio.sleep(0)
+
+    async def ran(self) -> None:
+        await asyncio.wait_for(self.done.wait(), 30)
 
 
 # --- a fake pynvml ---------------------------------------------------------------------------
@@ -202,14 +229,17 @@ def test_sampler_with_fake_nvml_at_100ms(monkeypatch: pytest.MonkeyPatch, tmp_pa
     path = tmp_path / "telemetry.jsonl"
 
     async def main() -> TelemetrySampler:
-        clock = Clock(scale=1.0)
-        async with TelemetrySampler("nvml:0", interval_s=0.1, clock=clock, path=path) as s:
-            await asyncio.sleep(1.25)
+        wall = SteppedWall(12)
+        clock = Clock(scale=1.0, t0=wall.now)
+        async with TelemetrySampler("nvml:0", interval_s=0.1, clock=clock, path=path,
+                                    wall_clock=wall) as s:
+            await wall.ran()
         return s
 
     s = asyncio.run(main())
     n = len(s.samples)
-    assert 9 <= n <= 15, n
+    assert n == 12
+    assert [round(x.t, 9) for x in s.samples] == [round(0.1 * i, 9) for i in range(n)]
     assert s.failures == 0
     clocks = [x.reading.sm_clock_mhz for x in s.samples]
     assert clocks == [CLOCKS[i % 4] for i in range(n)]  # every reading, in order
@@ -221,7 +251,7 @@ def test_sampler_with_fake_nvml_at_100ms(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert summary["temp_c"]["max"] == max(TEMPS[i % 4] for i in range(n))
     thermal = sum(1 for i in range(n) if MASKS[i % 4] & 0x60)
     assert summary["thermal_slowdown_share"] == pytest.approx(thermal / n)
-    assert 80 <= summary["interval_ms_p50"] <= 130
+    assert summary["interval_ms_p50"] == summary["interval_wall_ms_p50"] == 100.0
     assert summary["source"] == "nvml:0"
     assert summary["reasons_share"]["hw_thermal_slowdown"] == pytest.approx(
         sum(1 for i in range(n) if MASKS[i % 4] & 0x40) / n, abs=1e-4)
@@ -274,21 +304,51 @@ class FlakySource(TelemetrySource):
 
 def test_sample_failures_are_counted_not_raised() -> None:
     async def main() -> TelemetrySampler:
-        async with TelemetrySampler(FlakySource(), interval_s=0.05, read_timeout_s=0.2) as s:
-            await asyncio.sleep(0.9)
+        wall = SteppedWall(6)
+        async with TelemetrySampler(FlakySource(), interval_s=0.05, read_timeout_s=0.2,
+                                    wall_clock=wall) as s:
+            await wall.ran()
         return s
 
     s = asyncio.run(main())
-    assert s.failures >= 3
-    assert len(s.samples) >= 3
-    assert s.last_error is not None
-    assert s.summary().to_json()["failures"] == s.failures
+    # reads 2, 4 and 6 fail, read 3 hangs past the timeout; 1 and 5 are samples
+    assert s.failures == 4
+    assert len(s.samples) == 2
+    assert s.last_error == "TelemetryError: scrape failed"
+    assert s.summary().to_json()["failures"] == 4
+
+
+class SlowSource(TelemetrySource):
+    """Each read takes 250 ms of the wall clock it is given."""
+
+    has_temperature = True
+
+    def __init__(self, wall: SteppedWall) -> None:
+        self.spec = TelemetrySpec("none")
+        self.wall = wall
+
+    async def read(self) -> Reading:
+        self.wall.now += 0.25
+        return Reading(1500.0, 60.0, 50.0, False, ())
+
+
+def test_reads_slower_than_the_interval_keep_the_cadence_without_a_burst() -> None:
+    async def main() -> TelemetrySampler:
+        wall = SteppedWall(5)
+        async with TelemetrySampler(SlowSource(wall), interval_s=0.1, wall_clock=wall,
+                                    clock=Clock(t0=wall.now)) as s:
+            await wall.ran()
+        return s
+
+    s = asyncio.run(main())
+    # each sample is stamped at its read's middle; the next read starts as the last ends
+    assert [round(x.t, 9) for x in s.samples] == [0.125, 0.375, 0.625, 0.875, 1.125]
 
 
 def test_none_source_samples_nothing() -> None:
     async def main() -> TelemetrySampler:
         async with TelemetrySampler("none", interval_s=0.05) as s:
-            await asyncio.sleep(0.2)
+            assert not s.active  # no background task reads anything
         return s
 
     s = asyncio.run(main())
@@ -364,7 +424,7 @@ def test_dcgm_source_over_http() -> None:
         runner, url = await _serve(app)
         try:
             async with TelemetrySampler(f"dcgm:{url}#gpu=1", interval_s=0.05) as s:
-                await asyncio.sleep(0.4)
+                assert await wait_for_async(lambda: len(s.samples) >= 4)
         finally:
             await runner.cleanup()
         return s
@@ -397,7 +457,7 @@ def test_simserver_source_samples_its_thermal_model(thermal_server: RunningServe
                 async with sess.post(url + "/v1/completions", json=body) as resp:
                     assert resp.status == 200
                     await resp.read()
-            await asyncio.sleep(0.3)
+            assert await wait_for_async(lambda: len(s.samples) >= 5)
         return s
 
     s = asyncio.run(main())
@@ -456,8 +516,10 @@ def test_agent_serves_a_reader_and_the_sampler_reads_it() -> None:
                 async with sess.get(agent.url + "/telemetry") as r:
                     assert r.status == 200
                     doc = await r.json()
-            async with TelemetrySampler(f"agent:{agent.url}", interval_s=0.05) as s:
-                await asyncio.sleep(0.5)
+            wall = SteppedWall(10)
+            async with TelemetrySampler(f"agent:{agent.url}", interval_s=0.05,
+                                        wall_clock=wall) as s:
+                await wall.ran()
         finally:
             await agent.close()
         return health, doc, s
@@ -466,9 +528,10 @@ def test_agent_serves_a_reader_and_the_sampler_reads_it() -> None:
     assert health == {"status": "ok", "gpu": "NVIDIA L4", "gpu_index": 0}
     assert doc["clock_event_reasons"] == ["hw_thermal_slowdown"]
     assert doc["thermal_slowdown"] is True and doc["sm_clock_mhz"] == 1320.0
-    assert len(s.samples) >= 5 and s.failures == 0
+    assert len(s.samples) == 10 and s.failures == 0
+    # the agent's reader throttles every other read: the sampler's 10 reads, half of them
     share = s.summary().to_json()["thermal_slowdown_share"]
-    assert 0.3 <= share <= 0.7
+    assert share == 0.5
     assert {x.reading.sm_clock_mhz for x in s.samples} == {1320.0, 2040.0}
 
 
@@ -480,7 +543,7 @@ def test_agent_reader_errors_become_503_and_counted_failures() -> None:
                     sess.get(agent.url + "/telemetry") as r:
                 status = r.status
             async with TelemetrySampler(f"agent:{agent.url}", interval_s=0.05) as s:
-                await asyncio.sleep(0.3)
+                assert await wait_for_async(lambda: s.failures >= 3)
         finally:
             await agent.close()
         return status, s

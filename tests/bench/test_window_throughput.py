@@ -15,11 +15,13 @@ import pytest
 from aiohttp import web
 
 from chatfleet.bench.client import Clock, make_session
-from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
+from chatfleet.bench.drive import DriveResult, drive
+from chatfleet.bench.payload import IdsPayload
 from chatfleet.bench.results import SweepDir
 from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO, summarize_point
+from chatfleet.core.measure.point import summarize_point
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import ClosedLoop, LengthSpec, Workload, WorkloadConfig
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
@@ -39,7 +41,7 @@ def drive_traced(trace: Path) -> tuple[DriveResult, Clock]:
         clock = Clock(SCALE)
         async with make_session() as session:
             res = await drive([url], ClosedLoop(Workload(wcfg, random.Random(5)), USERS),
-                              completions_with_ids("qwen3-8b"),  # no rid: the server names it
+                              IdsPayload("qwen3-8b"),  # no rid: the server names it
                               window_end=WARMUP_S + DURATION_S, drain_s=60.0, clock=clock,
                               session=session)
         return res, clock
@@ -132,7 +134,7 @@ def test_a_request_cut_off_at_the_drain_limit_keeps_its_tokens() -> None:
                                          lengths=LengthSpec("fixed", 4, 1000)),
                           random.Random(0))
             async with make_session() as session:
-                return await drive([url], ClosedLoop(wl, 1), completions_with_ids("m"),
+                return await drive([url], ClosedLoop(wl, 1), IdsPayload("m"),
                                    window_end=0.2, drain_s=0.3, clock=Clock(),
                                    session=session)
         finally:

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from chatfleet.threads import running_in_thread
+from chatfleet.http.threads import running_in_thread
 
 # question -> behaviour: "right", "wrong", "500", "slow", "empty", "think"
 PLAN = {f"q{i}": "right" for i in range(6)} | {"q6": "wrong", "q7": "500", "q8": "slow",

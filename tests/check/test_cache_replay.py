@@ -9,10 +9,17 @@ from array import array
 
 import pytest
 
-from chatfleet.core import cache_analysis as ca
 from chatfleet.core.cache.recommend import recommend, summarize
-from chatfleet.core.cache.replay import CacheConfig, ReplayResult, TurnOutcome
-from chatfleet.core.cache.trace import SyntheticConfig, Turn, synthetic_trace
+from chatfleet.core.cache.replay import CacheConfig, ReplayResult, TurnOutcome, unbounded_pool
+from chatfleet.core.cache.trace import (
+    UNIQUE_ID_BASE,
+    SyntheticConfig,
+    Turn,
+    answer_ids,
+    count_prompt_ids,
+    sessions_of,
+    synthetic_trace,
+)
 from chatfleet.core.documents.cache import CacheResult
 from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.engine.radix import RadixCache
@@ -132,7 +139,7 @@ def test_policies_differ_under_pressure_and_agree_without_it() -> None:
     tight = {p: summarize(replay(trace, CacheConfig(2500, p))).hit_rate
              for p in ("lru", "lfu", "mru")}
     assert len(set(tight.values())) > 1
-    roomy = {p: summarize(replay(trace, CacheConfig(ca.unbounded_pool(trace), p))).hit_rate
+    roomy = {p: summarize(replay(trace, CacheConfig(unbounded_pool(trace), p))).hit_rate
              for p in ("lru", "lfu", "mru")}
     assert len(set(roomy.values())) == 1
 
@@ -141,7 +148,7 @@ def test_synthetic_trace_is_seeded_and_sessions_extend_their_prompts() -> None:
     a, b = small_synthetic(1), small_synthetic(1)
     assert [(t.session, t.turn, t.time, t.prompt) for t in a] == [
         (t.session, t.turn, t.time, t.prompt) for t in b]
-    for turns in ca.sessions_of(a).values():
+    for turns in sessions_of(a).values():
         for prev, nxt in itertools.pairwise(turns):
             assert nxt.prompt[: prev.prompt_len] == prev.prompt
             assert nxt.time > prev.time
@@ -156,15 +163,15 @@ def test_thinking_drops_the_last_reasoning_from_the_cached_prefix() -> None:
 
 
 def test_count_prompts_share_a_sessions_prefix_and_the_system_prompt() -> None:
-    p1 = ca.count_prompt_ids(0, 30, 10)
-    p2 = ca.count_prompt_ids(0, 50, 10)
-    q = ca.count_prompt_ids(1, 30, 10)
+    p1 = count_prompt_ids(0, 30, 10)
+    p2 = count_prompt_ids(0, 50, 10)
+    q = count_prompt_ids(1, 30, 10)
     assert p2[:30] == p1
     assert q[:10] == p1[:10] and q[10] != p1[10]
-    counter = [ca.UNIQUE_ID_BASE]
-    out = ca.answer_ids(p1, 5, p2, counter)
+    counter = [UNIQUE_ID_BASE]
+    out = answer_ids(p1, 5, p2, counter)
     assert out == p2[30:35]
-    assert ca.answer_ids(p1, 5, None, counter)[0] >= ca.UNIQUE_ID_BASE
+    assert answer_ids(p1, 5, None, counter)[0] >= UNIQUE_ID_BASE
 
 
 def entry(pool: int, policy: str, host: int, holds: bool, hit: float = 0.5) -> CacheResult:
@@ -227,7 +234,7 @@ def test_the_ceiling_is_the_schedulers_own_tree_when_nothing_is_evicted() -> Non
     """The unbounded pool sees the scheduler's inserts: with a pool nothing fills, every turn's
     hit is its ceiling; with a small pool, no turn hits more than its ceiling."""
     trace = small_synthetic()
-    roomy = replay(trace, CacheConfig(ca.unbounded_pool(trace)))
+    roomy = replay(trace, CacheConfig(unbounded_pool(trace)))
     assert roomy.evicted_tokens == 0
     assert all(o.hit_tokens == o.ceiling_tokens for o in roomy.outcomes)
     tight = replay(trace, CacheConfig(2500))

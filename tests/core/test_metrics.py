@@ -18,30 +18,32 @@ from chatfleet.core.documents.sweep import (
     SweepPoint,
     load_from_json,
 )
-from chatfleet.core.measure.percentiles import percentiles_sorted, ranks_read
-from chatfleet.core.measure.point import share_in_window
-from chatfleet.core.metrics import (
-    ITL_STATS,
-    SLO,
-    arrivals_in_window,
+from chatfleet.core.measure.itl import expand_chunks
+from chatfleet.core.measure.knee import (
     bisect_next,
-    e2e,
-    expand_chunks,
     find_knee,
-    in_flight_max,
-    in_window,
-    itl_gaps,
-    meets_slo,
-    percentiles,
     recommended_cap,
-    request_itl_stat,
-    summarize_point,
     sweep_document,
     throughput_peak,
+)
+from chatfleet.core.measure.percentiles import percentiles, percentiles_sorted, ranks_read
+from chatfleet.core.measure.point import (
+    arrivals_in_window,
+    in_window,
+    share_in_window,
+    summarize_point,
+)
+from chatfleet.core.measure.request import (
+    e2e,
+    in_flight_max,
+    itl_gaps,
+    meets_slo,
+    request_itl_stat,
     tpot,
     ttft,
 )
 from chatfleet.core.records import RequestRecord
+from chatfleet.core.slo import ITL_STATS, SLO
 
 # ------------------------------------------------------------------------------------------
 # helpers

@@ -6,13 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chatfleet.core.engine.eviction import EVICTION_POLICIES
 from chatfleet.core.engine.host_tier import (
     WRITE_POLICIES,
     HiRadixCache,
     HostTierConfig,
     make_tree,
 )
-from chatfleet.core.engine.radix import EVICTION_POLICIES, RadixCache, TreeNode
+from chatfleet.core.engine.radix import RadixCache
+from chatfleet.core.engine.tree_node import TreeNode
 
 # ----- helpers -----
 

@@ -217,7 +217,7 @@ def test_admission_waits_for_the_ratio_to_decay() -> None:
 
     def record(sched: Scheduler, step: Step, res: StepResult) -> None:
         if step.kind == "prefill" and any(r is b for r, _ in step.batch):
-            seen.append(sched.num_decode_steps)
+            seen.append(sched.num_steps)
 
     drive(s, [(0.0, a), (0.0, b)], on_step=record)
     assert seen == [expected_k]
@@ -326,12 +326,12 @@ def test_retraction_picks_shortest_output_then_longest_input() -> None:
 
     def watch(sched: Scheduler, step: Step) -> None:
         if sched.num_retractions > len(at_schedule):
-            at_schedule.append((sched.num_decode_steps, sched.new_token_ratio,
+            at_schedule.append((sched.num_steps, sched.new_token_ratio,
                                 sched.free_tokens(), [q.rid for q in sched.waiting]))
 
     def record(sched: Scheduler, step: Step, res: StepResult) -> None:
         if res.retracted:
-            at_complete.append((sched.num_decode_steps - 1, [q.rid for q in res.retracted]))
+            at_complete.append((sched.num_steps - 1, [q.rid for q in res.retracted]))
 
     results = drive(s, arrivals, on_step=record, on_schedule=watch)
     # after the retraction C's slots are back (1 + 93 = 94) and this step took 2 of them
@@ -764,7 +764,7 @@ def test_decode_runs_give_what_single_steps_give(seed: int, pool: int, n: int, c
         assert y.finish_time == pytest.approx(x.finish_time, abs=1e-6)
         assert runs.token_times(y) == pytest.approx(single.token_times(x), abs=1e-6)
     assert runs.num_retractions == single.num_retractions
-    assert runs.num_decode_steps == single.num_decode_steps
+    assert runs.num_steps == single.num_steps
     assert runs.tree.num_evicted_tokens == single.tree.num_evicted_tokens
     assert runs.tree.num_loaded_back_tokens == single.tree.num_loaded_back_tokens
 
@@ -786,7 +786,7 @@ def test_decode_run_until_the_first_finish_and_cut_by_an_arrival() -> None:
     s.add_request(b, 0.105)
     assert s.truncate_decode_run(0.105) == pytest.approx(0.11, abs=TOL)
     s.complete(0.11)
-    assert s.num_decode_steps == 6
+    assert s.num_steps == 6
     assert s.free_tokens() == 1000 - 10 - 6  # the cut steps' slots are back
     nxt = s.schedule(0.11, horizon=float("inf"))
     assert nxt is not None and nxt.kind == "prefill"

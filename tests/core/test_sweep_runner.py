@@ -79,4 +79,27 @@ def test_a_resumed_sweep_skips_finished_runs_and_numbers_after_them() -> None:
 def test_a_finished_run_of_another_seed_is_not_skipped() -> None:
     stale = Synthetic(seed=100).run(ClosedLoad(1), 0)
     sweep = Sweep([ClosedLoad(1)], attainment=0.99, seed=1, done=[stale])
-    assert sweep.skipped == [] and sweep.next() == Job(0, ClosedLoad(1), "grid")
+    # its index is the stale run's: the new run takes the next one (its own seed and files)
+    assert sweep.skipped == [] and sweep.next() == Job(1, ClosedLoad(1), "grid")
+
+
+def test_a_sweep_resumed_with_another_grid_numbers_its_loads_after_the_finished_runs() -> None:
+    # the device script's way: 1, 4 and 16 users, then a later call adds 32 and 64 (--resume)
+    first = Synthetic()
+    done = Sweep([ClosedLoad(1), ClosedLoad(4), ClosedLoad(16)], attainment=0.99).run(first)
+    sweep = Sweep([ClosedLoad(32), ClosedLoad(64)], attainment=0.99, seed=1, done=done)
+    assert sweep.skipped == []
+    runner = Synthetic()
+    points = sweep.run(runner)
+    assert runner.asked == [(32, 3), (64, 4)]
+    indices = [p.live.run_index for p in points if p.live is not None]
+    seeds = [p.seed for p in points]
+    assert indices == [0, 1, 2, 3, 4] and seeds == [1, 2, 3, 4, 5]
+
+
+def test_resuming_with_a_grid_that_keeps_the_finished_loads_in_place_skips_them() -> None:
+    grid: list[Load] = [ClosedLoad(1), ClosedLoad(4), ClosedLoad(16)]
+    done = Sweep(grid[:2], attainment=0.99).run(Synthetic())
+    sweep = Sweep(grid, attainment=0.99, seed=1, done=done)
+    assert [j.index for j in sweep.skipped] == [0, 1]
+    assert sweep.next() == Job(2, ClosedLoad(16), "grid")

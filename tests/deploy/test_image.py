@@ -36,9 +36,9 @@ from chatfleet import __version__
 from chatfleet._native import NATIVE_MODULES
 from chatfleet.cli import app
 from chatfleet.deploy import image
-from tests.gateway.test_relay import wait_for
 from tests.processes import spawn, stop
 from tests.simserver.test_cli_simserver import read_urls
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("image"), pytest.mark.timeout(1800)]
 

@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from chatfleet.cli import app
-from chatfleet.deploy import k8s
+from chatfleet.deploy.k8s import monitoring
 from chatfleet.gateway.config import parse_config
 from chatfleet.gateway.metrics import GatewayMetrics, Gauges, exposition, registry
 
@@ -292,10 +292,10 @@ def gateway_metric_names() -> set[str]:
 
 def test_every_dashboard_query_reads_metrics_that_exist(example: Path) -> None:
     dash = json.loads((example / "monitoring" / "grafana-dashboard.json").read_text())
-    known = gateway_metric_names() | k8s.sglang_metric_names()
+    known = gateway_metric_names() | monitoring.sglang_metric_names()
     used: set[str] = set()
-    for ref, expr in k8s.dashboard_exprs(dash):
-        names = k8s.metric_names(expr)
+    for ref, expr in monitoring.dashboard_exprs(dash):
+        names = monitoring.metric_names(expr)
         assert names, f"panel {ref} reads no chatfleet or SGLang metric: {expr}"
         assert names <= known, f"panel {ref}: {sorted(names - known)} do not exist"
         used |= names
@@ -322,11 +322,11 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_dashboard_queries_pass_promtool_check_rules(tmp_path: Path, example: Path) -> None:
     dash = json.loads((example / "monitoring" / "grafana-dashboard.json").read_text())
     rules = tmp_path / "dashboard-rules.yml"
-    doc = k8s.dashboard_rules(dash)
+    doc = monitoring.dashboard_rules(dash)
     rules.write_text(yaml.safe_dump(doc))
     res = promtool("check", "rules", str(rules))
     assert res.returncode == 0, res.stdout + res.stderr
-    n = len(k8s.dashboard_exprs(dash))
+    n = len(monitoring.dashboard_exprs(dash))
     assert f"SUCCESS: {n} rules found" in res.stdout + res.stderr
     # and promtool does reject a broken query, so the check means something
     doc["groups"][0]["rules"][0]["expr"] = "sum by (le (rate(x[5m]))"

@@ -22,6 +22,7 @@ from chatfleet.cli import app
 from chatfleet.deploy.launcher import LaunchSpec, plan_children
 from tests.gateway.redis_server import REDIS
 from tests.processes import CHATFLEET
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -114,10 +115,7 @@ def test_two_gateways_share_redis_in_front_of_two_replicas_and_sigterm_stops_all
             proc.wait(10)
     assert proc.returncode == 0, err
     assert stopped_names(err) == ["gateway-1", "gateway-0", "simserver", "redis"], err
-    deadline = time.monotonic() + 5
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in pids if alive(p)], "children left behind"
+    assert wait_for(lambda: not any(alive(p) for p in pids), 5), "children left behind"
     for log in (tmp_path / "logs").glob("*.log"):
         assert "Traceback" not in log.read_text(), log
 

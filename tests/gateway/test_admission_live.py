@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from chatfleet.core.fleet.routing import rendezvous_top
 from chatfleet.gateway.config import hash_key
 from tests.gateway.conftest import Fake, fake_replicas, gateway, gateway_config
-from tests.gateway.test_relay import chat, in_background, wait_for
+from tests.gateway.test_relay import chat, in_background
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 

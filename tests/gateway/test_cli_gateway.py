@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from chatfleet.cli import app
 from tests.gateway.conftest import Fake
-from tests.gateway.test_relay import wait_for
 from tests.processes import spawn, stop
 from tests.simserver.test_cli_simserver import read_urls
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 

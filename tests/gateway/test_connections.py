@@ -20,9 +20,9 @@ import pytest
 import requests
 
 from tests.gateway.conftest import Fake, gateway, gateway_config, raw_post
-from tests.gateway.test_relay import wait_for
 from tests.processes import stop
 from tests.simserver.test_cli_simserver import read_urls
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

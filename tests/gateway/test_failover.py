@@ -12,9 +12,9 @@ import pytest
 import requests
 
 from chatfleet.core.fleet.fleet import FleetTrace, replay
+from chatfleet.gateway.admission import DecisionLog, fleet_settings
 from chatfleet.gateway.app import step_time_for
 from chatfleet.gateway.config import hash_key
-from chatfleet.gateway.fleet import DecisionLog, fleet_settings
 from tests.gateway.conftest import (
     HTTP_TIMEOUT,
     Fake,
@@ -23,7 +23,8 @@ from tests.gateway.conftest import (
     gateway,
     gateway_config,
 )
-from tests.gateway.test_relay import chat, wait_for
+from tests.gateway.test_relay import chat
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,7 +17,7 @@ from chatfleet.gateway.config import hash_key
 from chatfleet.gateway.state import MemoryState, RedisState, StateBackend
 from tests.gateway.conftest import Fake, gateway, gateway_config, raw_connection
 from tests.gateway.redis_server import redis_server
-from tests.gateway.test_relay import wait_for
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -29,13 +29,14 @@ def test_each_queue_deadline_is_checked_about_once_not_in_a_spin() -> None:
                              queue_depth=num_queued, ttft_budget_s=budget_s)
         calls = FleetTrace()
         fleet = LiveFleet(cfg, step_time_model(SPEC), GatewayMetrics(), trace=calls)
-        fleet.report("f0", ok=True, probe=True)  # a replica takes traffic once it passed a probe
-        busy = fleet.offer(FleetRequest("busy", None, fleet.now()))
+        # a replica takes traffic once it passed a probe
+        fleet.registry.report("f0", ok=True, probe=True)
+        busy = fleet.admission.offer(FleetRequest("busy", None, fleet.now()))
         assert isinstance(busy, Decision) and busy.admitted  # the only slot, never released
         waits = []
         for i in range(num_queued):  # deadlines at different fractions of a millisecond
             waits.append(asyncio.ensure_future(
-                fleet.acquire(FleetRequest(f"r{i}", None, fleet.now()))))
+                fleet.admission.acquire(FleetRequest(f"r{i}", None, fleet.now()))))
             await asyncio.sleep(0.0013)
         out = await asyncio.gather(*waits)
         fleet.close()

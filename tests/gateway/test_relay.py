@@ -20,6 +20,7 @@ from tests.gateway.conftest import (
     raw_connection,
     raw_post,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,15 +51,6 @@ def events(resp: requests.Response) -> list[Any]:
         if line.startswith("data: ") and line != "data: [DONE]":
             out.append(orjson.loads(line[6:]))
     return out
-
-
-def wait_for(cond: Any, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_a_stream_is_relayed_byte_for_byte_and_its_usage_learned(fakes2: list[Fake]) -> None:

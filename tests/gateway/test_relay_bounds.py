@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from tests.gateway.conftest import Fake, gateway, gateway_config
-from tests.gateway.test_relay import chat, wait_for
+from tests.gateway.test_relay import chat
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,8 @@ import pytest
 import requests
 
 from tests.gateway.conftest import HTTP_TIMEOUT, Fake, gateway, gateway_config
-from tests.gateway.test_relay import chat, in_background, wait_for
+from tests.gateway.test_relay import chat, in_background
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from chatfleet.bench.client import Clock, make_session
-from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
+from chatfleet.bench.drive import DriveResult, drive
+from chatfleet.bench.payload import IdsPayload
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.fleet.routing import rendezvous_top
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -24,7 +25,8 @@ from chatfleet.jobs.parity import max_in_flight_from_trace
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
 from tests.gateway.conftest import Fake, gateway, gateway_config
 from tests.gateway.redis_server import redis_server
-from tests.gateway.test_relay import chat, wait_for
+from tests.gateway.test_relay import chat
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -49,7 +51,7 @@ def two_gateways_under_load(tmp: Path, states: list[StateBackend],
                 async with make_session() as session:
                     driver = ClosedLoop(Workload(WCFG, random.Random(3)), users)
                     return await drive(
-                        [g1.url, g2.url], driver, completions_with_ids("qwen3-8b", send_rid=True),
+                        [g1.url, g2.url], driver, IdsPayload("qwen3-8b", send_rid=True),
                         window_end=60.0, drain_s=60.0, clock=Clock(SCALE), session=session,
                         route=lambda spec, n: (spec.user + spec.turn) % n, retry_shed=True,
                         session_header="X-Session-ID")

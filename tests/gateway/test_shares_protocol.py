@@ -180,7 +180,8 @@ class Scripted:
 
 
 class FakeFleet:
-    """What SharedCaps reads of LiveFleet: replicas with caps, in-flight counts, demand."""
+    """What SharedCaps reads of the fleet (shared.SharedFleet, which mypy checks this keeps):
+    replicas with caps, in-flight counts, demand."""
 
     def __init__(self, caps: dict[str, int]) -> None:
         self.replicas = {n: type("Rep", (), {"cap": c})() for n, c in caps.items()}
@@ -204,7 +205,7 @@ def shared_caps(backend: Scripted, fleet: FakeFleet, gateways: int = 2) -> Any:
     from chatfleet.gateway.metrics import GatewayMetrics
     from chatfleet.gateway.shared import SharedCaps
 
-    return SharedCaps(backend, fleet, GatewayMetrics(),  # type: ignore[arg-type]
+    return SharedCaps(backend, fleet, GatewayMetrics(),
                       StateSettings(gateways=gateways))
 
 

@@ -14,7 +14,8 @@ from chatfleet.gateway.fleet import LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics
 from chatfleet.gateway.slots import Slot
 from tests.gateway.conftest import Fake, gateway, gateway_config
-from tests.gateway.test_relay import chat, raw_connection, raw_post, wait_for
+from tests.gateway.test_relay import chat, raw_connection, raw_post
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,8 +26,8 @@ def live_fleet(caps: list[int], **raw: object) -> LiveFleet:
                          cap=caps[0], queue_depth=4, ttft_budget_s=5.0, **raw)
     fleet = LiveFleet(cfg, step_time_for(cfg), GatewayMetrics())
     for i, name in enumerate(names):
-        fleet.set_cap(name, caps[i])
-        fleet.report(name, True, probe=True)  # it passed its first probe: it serves
+        fleet.registry.set_cap(name, caps[i])
+        fleet.registry.report(name, True, probe=True)  # it passed its first probe: it serves
     return fleet
 
 
@@ -34,10 +35,10 @@ def test_a_slot_is_released_once_and_the_queue_moves() -> None:
     async def main() -> None:
         fleet = live_fleet([1])
         placed: list[str] = []
-        async with Slot(fleet, FleetRequest("a", None, fleet.now()),
+        async with Slot(fleet.admission, FleetRequest("a", None, fleet.now()),
                         lambda r, rep: placed.append(f"{r.request_id}@{rep}")) as first:
             assert first.held and first.replica == "r0"
-            waiting = Slot(fleet, FleetRequest("b", None, fleet.now()))
+            waiting = Slot(fleet.admission, FleetRequest("b", None, fleet.now()))
             task = asyncio.create_task(waiting.__aenter__())
             await asyncio.sleep(0.01)
             assert not task.done() and fleet.ac.queue_depth() == 1
@@ -54,20 +55,20 @@ def test_a_slot_is_released_once_and_the_queue_moves() -> None:
 def test_retry_elsewhere_moves_the_slot_and_a_cancelled_wait_holds_nothing() -> None:
     async def main() -> None:
         fleet = live_fleet([1, 1], keys=[])
-        async with Slot(fleet, FleetRequest("a", None, fleet.now())) as slot:
+        async with Slot(fleet.admission, FleetRequest("a", None, fleet.now())) as slot:
             failed = slot.replica
             d = await slot.retry_elsewhere()
             assert d.admitted and slot.replica != failed and slot.num_placed == 2
             assert fleet.in_flight(failed or "") == 0
             assert fleet.in_flight(slot.replica or "") == 1
-            never = Slot(fleet, FleetRequest("z", None, fleet.now()))
+            never = Slot(fleet.admission, FleetRequest("z", None, fleet.now()))
             never.release()  # never held: nothing to give back
             with pytest.raises(RuntimeError, match="held slot"):
                 await never.retry_elsewhere()
             # a request queued behind a full fleet whose client leaves
-            async with Slot(fleet, FleetRequest("b", None, fleet.now())) as other:
+            async with Slot(fleet.admission, FleetRequest("b", None, fleet.now())) as other:
                 assert other.held
-                late = asyncio.create_task(Slot(fleet, FleetRequest("c", None,
+                late = asyncio.create_task(Slot(fleet.admission, FleetRequest("c", None,
                                                                     fleet.now())).__aenter__())
                 await asyncio.sleep(0.01)
                 late.cancel()

@@ -21,7 +21,8 @@ import requests
 from chatfleet.gateway.relay import StreamWatch
 from chatfleet.gateway.upstream import Exchange
 from tests.gateway.conftest import Fake, gateway, gateway_config, raw_post
-from tests.gateway.test_relay import chat, wait_for
+from tests.gateway.test_relay import chat
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from chatfleet.threads import running_in_thread
+from chatfleet.http.threads import running_in_thread
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import find_knee
+from chatfleet.core.measure.knee import find_knee
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.jobs.parity import ParityResult, run_parity

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from chatfleet.core.documents.sweep import Knee, SweepDoc, SweepPoint, Target
-from chatfleet.core.metrics import SLO, sweep_document
+from chatfleet.core.measure.knee import sweep_document
 from chatfleet.core.plan import (
     PlanError,
     accuracy_verdicts,
@@ -18,6 +18,7 @@ from chatfleet.core.plan import (
     prefill_reserve_s,
     working_set_tokens,
 )
+from chatfleet.core.slo import SLO
 
 
 def point(mode: str, load: float, attainment: float, goodput: float,

@@ -20,6 +20,7 @@ from chatfleet.cli import plan as plan_cli
 from chatfleet.core.plan import PlanError
 from chatfleet.jobs.workers import PARENT_CHECK_S, Tick, WorkerError, WorkerPool
 from tests.processes import alive, children
+from tests.waiting import wait_for
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,7 @@ class Dies:
 
 
 def gone(pids: list[int], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not any(alive(p) for p in pids)
+    return wait_for(lambda: not any(alive(p) for p in pids), within_s)
 
 
 @pytest.mark.timeout(60)
@@ -145,11 +143,12 @@ def test_ctrl_c_stops_the_plan_and_its_workers(tmp_path: Path) -> None:
                                 stderr=f, start_new_session=True, cwd=Path(__file__).parents[2],
                                 preexec_fn=default_sigint)
     try:
-        deadline = time.monotonic() + 60
-        while (len(kids := workers_of(proc.pid)) < 2
-               or not all(ignores_sigint(k) for k in kids)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(kids) >= 2 and all(ignores_sigint(k) for k in kids), kids
+        def started() -> bool:  # its workers are up and ignore SIGINT (the pool's own rule)
+            kids = workers_of(proc.pid)
+            return len(kids) >= 2 and all(ignores_sigint(k) for k in kids)
+
+        assert wait_for(started, 60), workers_of(proc.pid)
+        kids = workers_of(proc.pid)
         os.kill(kids[0], signal.SIGINT)
         time.sleep(0.5)
         assert alive(kids[0]) and proc.poll() is None

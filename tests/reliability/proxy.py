@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
-from chatfleet.threads import running_in_thread
+from chatfleet.http.threads import running_in_thread
 
 
 class DelayProxy:

@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from tests.gateway.conftest import raw_connection, raw_post
-from tests.gateway.test_relay import wait_for
 from tests.reliability.conftest import Fleet, fleet, metric, record
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -61,10 +61,16 @@ def serving(f: Fleet, i: int = 0) -> list[str]:
     return list(requests.get(f.gateway_urls[i] + "/ready", timeout=5).json()["serving"])
 
 
+def decoding(f: Fleet) -> list[float]:
+    """The streams each replica is decoding (their first tokens are out)."""
+    return [metric(requests.get(url + "/metrics", timeout=5).text, "sglang:num_running_reqs")
+            for url in f.replica_urls]
+
+
 def test_a_replica_killed_mid_stream(tmp_path: Path) -> None:
     with fleet(tmp_path, cap=4) as f:
         futs = many(f.gateway_urls[0], 8, 400, "k")
-        time.sleep(0.5)
+        assert wait_for(lambda: decoding(f) == [4, 4])  # all 8 stream, 4 on each
         f.sims[1].kill()
         f.sims[1].wait(10)
         results = [fu.result(60) for fu in futs]
@@ -88,7 +94,7 @@ def test_a_replica_killed_mid_stream(tmp_path: Path) -> None:
 def test_a_replica_that_hangs(tmp_path: Path) -> None:
     with fleet(tmp_path, cap=4) as f:
         futs = many(f.gateway_urls[0], 8, 400, "h")
-        time.sleep(0.5)
+        assert wait_for(lambda: decoding(f) == [4, 4])  # all 8 stream, 4 on each
         f.sims[0].send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
         results = [fu.result(60) for fu in futs]

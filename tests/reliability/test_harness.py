@@ -8,14 +8,15 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.processes import CHATFLEET, spawn, stop
-from tests.reliability.conftest import record
+from tests.reliability.conftest import metric, record
 from tests.simserver.test_cli_simserver import read_urls
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -38,6 +39,11 @@ def runs(out: Path) -> list[dict[str, object]]:
     return rows
 
 
+def running(url: str) -> float:
+    """Requests the simserver is decoding now."""
+    return metric(requests.get(url + "/metrics", timeout=5).text, "sglang:num_running_reqs")
+
+
 def test_a_sweep_killed_mid_run_resumes_without_losing_a_finished_run(tmp_path: Path) -> None:
     sim = spawn("simserver", "--weights", "fp8", "--kv-cache", "fp8", "--port", "0",
                 "--time-scale", "10", log=tmp_path / "sim.log")
@@ -47,10 +53,10 @@ def test_a_sweep_killed_mid_run_resumes_without_losing_a_finished_run(tmp_path: 
         env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
         first = subprocess.Popen(sweep(url, out), stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, env=env)
-        end = time.monotonic() + 120
-        while len(runs(out)) < 1 and time.monotonic() < end and first.poll() is None:
-            time.sleep(0.2)
-        time.sleep(1.0)  # into the second run
+        assert wait_for(lambda: len(runs(out)) >= 1 or first.poll() is not None, 120)
+        # into the second run: its requests reach the replica (the first's were all done)
+        assert wait_for(lambda: running(url) >= 1 or first.poll() is not None, 60)
+        assert first.poll() is None and len(runs(out)) == 1
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         kept = runs(out)

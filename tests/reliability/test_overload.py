@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from chatfleet.bench.client import Clock, make_session
-from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
+from chatfleet.bench.drive import DriveResult, drive
+from chatfleet.bench.payload import IdsPayload
 from chatfleet.core.workload import ClosedLoop, LengthSpec, Workload, WorkloadConfig
 from chatfleet.jobs.parity import max_in_flight_from_trace
 from tests.reliability.conftest import fleet, metric, record, rss_mib
@@ -34,7 +35,7 @@ def test_ten_times_the_cap_through_two_gateways(tmp_path: Path) -> None:
             async with make_session() as session:
                 driver = ClosedLoop(Workload(WCFG, random.Random(11)), users)
                 return await drive(
-                    f.gateway_urls, driver, completions_with_ids("qwen3-8b", send_rid=True),
+                    f.gateway_urls, driver, IdsPayload("qwen3-8b", send_rid=True),
                     window_end=150.0, drain_s=100.0, clock=Clock(SCALE), session=session,
                     route=lambda spec, n: (spec.user + spec.turn) % n, retry_shed=True,
                     session_header="X-Session-ID")

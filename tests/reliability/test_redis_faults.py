@@ -19,11 +19,11 @@ import pytest
 import requests
 
 from tests.gateway.redis_server import free_port
-from tests.gateway.test_relay import wait_for
 from tests.reliability.conftest import Fleet, fleet, metric, record
 from tests.reliability.load import Arrivals, Clients, Load
 from tests.reliability.proxy import delay_proxy
 from tests.reliability.traces import Phase, describe, phase, read_series
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from chatfleet.core.documents.sweep import SweepPoint
-from chatfleet.core.metrics import SLO, sweep_document
+from chatfleet.core.measure.knee import sweep_document
+from chatfleet.core.slo import SLO
 
 CLOSED = (1, 2, 4, 8, 16, 32)
 OPEN = (0.5, 1.0, 2.0, 4.0)

@@ -16,7 +16,8 @@ from chatfleet.cli.render import sweep_table
 from chatfleet.cli.report import report
 from chatfleet.core.documents.sweep import ClosedLoad, SweepDoc, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO, sweep_document
+from chatfleet.core.measure.knee import sweep_document
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import WorkloadConfig
 from chatfleet.report.build import ReportInputError, build_report, load_sweep, load_sweeps

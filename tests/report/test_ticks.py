@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from chatfleet.core.documents.sweep import SweepPoint
-from chatfleet.core.metrics import SLO, sweep_document
+from chatfleet.core.measure.knee import sweep_document
+from chatfleet.core.slo import SLO
 from chatfleet.report.build import load_sweeps
 from chatfleet.report.plots import all_plots, goodput_plot
 from chatfleet.report.ticks import choose_labelled, is_round, label_order

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -92,15 +91,6 @@ def metrics(url: str) -> dict[str, float]:
         for s in fam.samples:
             out[s.name] = s.value
     return out
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 5.0, every: float = 0.01) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(every)
-    return pred()
 
 
 def sse_events(resp: requests.Response) -> Iterator[dict[str, Any] | str]:

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from chatfleet.simserver.server import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
 from .conftest import (
     HTTP_TIMEOUT,
@@ -23,7 +24,6 @@ from .conftest import (
     post,
     raw_stream_request,
     sse_events,
-    wait_for,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,7 +85,7 @@ def test_disconnect_of_a_non_streamed_request(fresh: RunningServer) -> None:
     sock = raw_stream_request(fresh.urls[0], "/v1/completions", body)
     sched = fresh.replicas[0].sched
     assert wait_for(lambda: len(sched.running) == 1, 10)
-    assert wait_for(lambda: sched.num_decode_steps > 3, 10)
+    assert wait_for(lambda: sched.num_steps > 3, 10)
     sock.close()
     assert_released(fresh)
 
@@ -161,7 +161,7 @@ def test_abort_request_of_a_non_streamed_request(fresh: RunningServer) -> None:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     sched = fresh.replicas[0].sched
-    assert wait_for(lambda: len(sched.running) == 1 and sched.num_decode_steps > 3, 10)
+    assert wait_for(lambda: len(sched.running) == 1 and sched.num_steps > 3, 10)
     assert post(url, "/abort_request", {"rid": "ns-1"}).json()["aborted"] is True
     t.join(HTTP_TIMEOUT)
     assert not t.is_alive()

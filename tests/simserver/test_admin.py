@@ -11,8 +11,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from chatfleet.simserver.server import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
-from .conftest import HTTP_TIMEOUT, MODEL, TIME_SCALE, chat, config, metrics, post, wait_for
+from .conftest import HTTP_TIMEOUT, MODEL, TIME_SCALE, chat, config, metrics, post
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,8 +12,9 @@ import pytest
 import requests
 
 from chatfleet.simserver.server import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
-from .conftest import HTTP_TIMEOUT, MODEL, config, engine_is_idle, post, wait_for
+from .conftest import HTTP_TIMEOUT, MODEL, config, engine_is_idle, post
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,7 +146,6 @@ def test_duplicate_rid_is_refused_while_in_use(url: str, server: RunningServer) 
 
     t = threading.Thread(target=long_request, daemon=True)
     t.start()
-    from .conftest import wait_for
 
     assert wait_for(lambda: "dup-rid" in server.replicas[0].handles, 10)
     assert_openai_400(post(url, COMP, {"prompt": "y", "rid": "dup-rid"}), "rid")
@@ -226,7 +226,7 @@ def test_wrong_methods_are_not_server_errors(url: str) -> None:
 
 def test_the_server_is_still_clean_after_the_bad_requests(url: str,
                                                           server: RunningServer) -> None:
-    from .conftest import metrics, wait_for
+    from .conftest import metrics
 
     assert wait_for(lambda: engine_is_idle(server), 5)
     assert metrics(url)["sglang:num_running_reqs"] == 0

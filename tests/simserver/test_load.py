@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from chatfleet.simserver.server import serve_in_thread
+from tests.waiting import wait_for
 
 from .conftest import HTTP_TIMEOUT, MODEL, TIME_SCALE, config, engine_is_idle, metrics, post
 from .conftest import sse_events as events_of
@@ -126,7 +127,7 @@ def test_a_4_mib_prompt_does_not_stall_the_other_streams(url: str, path: str) ->
 
     t = threading.Thread(target=stream)
     t.start()
-    time.sleep(0.3)  # the stream is running
+    assert wait_for(lambda: metrics(url)["sglang:num_running_reqs"] >= 1)  # the stream runs
     big = "hello world " * (4 * 1024 * 1024 // 12)
     body: dict[str, Any] = ({"prompt": big} if path == "/v1/completions" else
                             {"messages": [{"role": "user", "content": big}]})

@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from chatfleet.simserver.server import RunningServer, serve_in_thread
+from tests.waiting import wait_for
 
 from .conftest import (
     HTTP_TIMEOUT,
@@ -21,7 +22,6 @@ from .conftest import (
     metrics,
     post,
     sse_events,
-    wait_for,
 )
 
 pytestmark = pytest.mark.timeout(60)

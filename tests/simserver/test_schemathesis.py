@@ -26,8 +26,9 @@ from schemathesis.checks import not_a_server_error
 
 from chatfleet.simserver.server import RunningServer, serve_in_thread
 from tests.schemathesis_drive import drive_schema
+from tests.waiting import wait_for
 
-from .conftest import HTTP_TIMEOUT, config, engine_is_idle, wait_for
+from .conftest import HTTP_TIMEOUT, config, engine_is_idle
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from chatfleet.simserver.server import serve_in_thread
+from tests.waiting import wait_for
 
 from .conftest import HTTP_TIMEOUT, MODEL, config, post, sse_events
 
@@ -95,8 +96,9 @@ def test_a_replica_held_up_by_its_host_says_how_much_model_time_it_lost(tmp_path
         threading.Thread(target=long_request, daemon=True).start()
         rep = srv.replicas[0]
         assert rep._task is not None
-        time.sleep(0.2)  # decoding by now (400 tokens take about 1 s of wall time)
-        rep._task.get_loop().call_soon_threadsafe(time.sleep, 0.25)  # the host holds it up
+        # decoding (400 tokens take about 1 s of wall time), then the host holds it up
+        assert wait_for(lambda: "long" in rep.handles and rep.handles["long"].emitted >= 20)
+        rep._task.get_loop().call_soon_threadsafe(time.sleep, 0.25)
         assert done.wait(HTTP_TIMEOUT)
     rows = read_trace(path)
     lost = [r for r in rows if r["type"] == "resync"]

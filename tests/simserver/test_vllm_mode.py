@@ -17,8 +17,9 @@ from chatfleet.cli import app
 from chatfleet.core.engine.vllm_scheduler import VLLMScheduler
 from chatfleet.engines import flush_and_verify, get_adapter
 from chatfleet.simserver.server import RunningServer, ServerConfig, serve_in_thread
+from tests.waiting import wait_for
 
-from .conftest import HTTP_TIMEOUT, MODEL, TIME_SCALE, l4_spec, metrics, post, wait_for
+from .conftest import HTTP_TIMEOUT, MODEL, TIME_SCALE, l4_spec, metrics, post
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -143,7 +144,7 @@ def test_the_adapter_reads_its_server_info_and_the_scraper_its_metrics(
             info = await get_adapter("vllm").server_info(sess, vurl)
             async with EngineScraper("vllm", sess, vurl, interval_s=0.05) as sc:
                 await asyncio.gather(*(one(sess, i) for i in range(6)))
-                await asyncio.sleep(0.1)
+                await sc.scrape_once()  # the engine as the load left it
         return info, sc
 
     info, sc = asyncio.run(main())

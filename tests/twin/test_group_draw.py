@@ -11,8 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
-from chatfleet.bench.payload import ChatPayload
-from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, Shaped
+from chatfleet.bench.chat_payload import ChatPayload
+from chatfleet.bench.payload import Body, Shaped
+from chatfleet.bench.sweep import LiveSweep
+from chatfleet.bench.sweep_config import LiveSweepConfig
 from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.workload import GroupDraw, LengthSpec, RequestSpec, WorkloadConfig
@@ -67,27 +69,31 @@ def trace_of(spec: RequestSpec, into: Trace) -> None:
         (spec.group, spec.segments[0][0], spec.segments[-1][1], spec.max_new_tokens))
 
 
+class Recorded(Shaped):
+    """The sweep's shaped payload, each request and its body (before the cut) recorded as it
+    is sent."""
+
+    def __init__(self, shaped: Shaped) -> None:
+        super().__init__(shaped.inner, shaped.adapter)
+        self.trace: Trace = {}
+        self.bodies: list[tuple[RequestSpec, dict[str, Any]]] = []
+
+    def __call__(self, spec: RequestSpec) -> Body:
+        trace_of(spec, self.trace)
+        path, body = self.inner(spec)
+        self.bodies.append((spec, body))
+        return path, self.adapter.shape_payload(body)
+
+
 class RecordingSweep(LiveSweep):
     """The live sweep, its chat payload's requests recorded as they are sent."""
-
-    trace: Trace
-    bodies: list[tuple[RequestSpec, dict[str, Any]]]
 
     def _make_payload(self) -> Any:
         shaped = super()._make_payload()
         assert isinstance(shaped, Shaped) and isinstance(shaped.inner, ChatPayload)
         self.chat = shaped.inner
-        self.trace, self.bodies = {}, []
-        inner = shaped.inner
-
-        def record(spec: RequestSpec) -> tuple[str, dict[str, Any]]:
-            trace_of(spec, self.trace)
-            path, body = inner(spec)
-            self.bodies.append((spec, body))
-            return path, body
-
-        shaped.inner = record
-        return shaped
+        self.recorded = Recorded(shaped)
+        return self.recorded
 
 
 @pytest.mark.timeout(120)
@@ -111,13 +117,14 @@ def test_the_twin_and_the_live_sweep_draw_the_same_groups_per_session(tmp_path: 
     assert doc.workload["group_draw"] == cfg.group_draw
     assert orjson.loads((tmp_path / "s" / "sweep.json").read_bytes())["workload"][
         "group_draw"] == cfg.group_draw
-    common = sorted(set(twin_trace) & set(live.trace))
+    live_trace = live.recorded.trace
+    common = sorted(set(twin_trace) & set(live_trace))
     assert len(common) >= 12
     for sid in common:  # the turns both shells reached
-        n = min(len(twin_trace[sid]), len(live.trace[sid]))
-        assert twin_trace[sid][:n] == live.trace[sid][:n], sid
-    assert len({t[0] for sid in common for t in live.trace[sid]}) > 6  # more than one per user
+        n = min(len(twin_trace[sid]), len(live_trace[sid]))
+        assert twin_trace[sid][:n] == live_trace[sid][:n], sid
+    assert len({t[0] for sid in common for t in live_trace[sid]}) > 6  # more than one per user
     # the chat payload sends each group's system prompt, byte-identical across sessions
-    for spec, body in live.bodies:
+    for spec, body in live.recorded.bodies:
         system = [m["content"] for m in body["messages"] if m["role"] == "system"]
         assert system == [live.chat.segment_text(spec.group + 1, 128)]

@@ -25,7 +25,8 @@ from chatfleet.twin.run import run_point
 WCFG = WorkloadConfig(system_prompt_tokens=0,
                       lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm"))
 TRUTH = StepParams(decode_fixed_s=0.004, prefill_extra_s=0.003, per_seq_s=0.0002,
-                   launch_s=0.018, bandwidth_eff=0.7, gemm_eff=0.55, attn_eff=0.3)
+                   launch_s=0.018, bandwidth_eff=0.7, gemm_eff=0.55, attn_eff=0.3,
+                   kv_read_eff=0.7)
 
 
 # an H200: its GPU time (weights ~5 ms a step) is below the launch time at small batches and
@@ -39,7 +40,8 @@ def test_the_vectorised_step_is_mixed_step_models_own() -> None:
     rng = random.Random(7)
     for _ in range(200):
         p = StepParams(*(rng.uniform(0.0, 0.03) for _ in range(4)),
-                       rng.uniform(0.1, 1.0), rng.uniform(0.1, 1.0), rng.uniform(0.05, 1.0))
+                       rng.uniform(0.1, 1.0), rng.uniform(0.1, 1.0), rng.uniform(0.05, 1.0),
+                       rng.uniform(0.1, 1.0))
         n, pf, k = rng.randint(0, 200), rng.choice([0, 0, rng.randint(1, 8000)]), 0
         k = rng.randint(1, 8) if pf else 0
         ctx = n * rng.randint(100, 4000)
@@ -90,15 +92,15 @@ def test_stray_arrivals_do_not_cut_a_step_in_two() -> None:
     assert np.all(np.abs(s.gap_s - 0.03) < 0.001)
 
 
-def twin_runs(truth: StepParams, loads: list[ClosedLoad | OpenLoad]) -> list[
-        tuple[str, StepSamples, bool]]:
+def twin_runs(truth: StepParams, loads: list[ClosedLoad | OpenLoad],
+              wcfg: WorkloadConfig = WCFG) -> list[tuple[str, StepSamples, bool]]:
     base = vllm_calibration_for(get_gpu("h200"))
     cal = truth.calibration(base, "bf16", "test truth")
     hw = hardware()
     spec = EngineSpec(hw.gpu, hw.model, hw.precision, engine_model="vllm", calibration=cal)
     runs = []
     for i, load in enumerate(loads):
-        recs = run_point(spec, WCFG, load, duration_s=40.0, warmup_s=5.0, seed=i + 1).records
+        recs = run_point(spec, wcfg, load, duration_s=40.0, warmup_s=5.0, seed=i + 1).records
         runs.append((str(load.value), step_samples(recs), True))
     return runs
 
@@ -120,6 +122,30 @@ def test_the_fit_recovers_the_engines_constants_from_its_records() -> None:
         assert abs(p.rel_error) < 0.01, p
     assert fit.band < 0.01
     assert fit.rms_rel_residual < 0.05
+
+
+@pytest.mark.slow
+def test_the_kv_caches_read_rate_is_told_from_the_weights_only_over_long_contexts() -> None:
+    # an engine whose attention reads the KV cache at half the weights' rate (as Triton's
+    # paged attention on the H200 with CUDA graphs: 0.36 against 0.67)
+    hw = hardware()
+    truth = replace(TRUTH, launch_s=0.0005, kv_read_eff=0.35)
+    held = ("bandwidth_eff", "gemm_eff")
+    prior = replace(truth, kv_read_eff=truth.bandwidth_eff, decode_fixed_s=0.01)
+    long = WorkloadConfig(system_prompt_tokens=2048,
+                          lengths=LengthSpec("uniform", 512, 128, 0.5, "vllm"))
+    runs = twin_runs(truth, [ClosedLoad(8), ClosedLoad(48)], long)
+    fit = fit_steps(hw, prior, runs, held=held)
+    assert fit.params.kv_read_eff == pytest.approx(0.35, rel=0.05)
+    assert "kv_read_eff" not in fit.held
+    # steps that read no KV cache at all (their contexts taken out): nothing tells its rate,
+    # and the fit holds it at the weights' instead of leaving it where a flat direction did
+    blind = [(label, replace(s, decode_context_tokens=s.decode_context_tokens * 0.0,
+                             prefill_cached_tokens=s.prefill_cached_tokens * 0.0), on)
+             for label, s, on in runs]
+    fit = fit_steps(hw, prior, blind, held=held)
+    assert "kv_read_eff" in fit.held
+    assert fit.params.kv_read_eff == truth.bandwidth_eff
 
 
 def test_a_fit_refuses_too_few_steps_and_unknown_constants() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from chatfleet.core.documents.sweep import ClosedLoad, Knee, Load, OpenLoad
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
 from chatfleet.twin.sweep import TwinSweep

@@ -154,7 +154,7 @@ def test_the_twins_throughput_counts_arrivals_in_the_window_over_every_record() 
     the way the live sweep does: tokens that arrive in the window and the ok requests' shares
     of them, from requests sent before the window too; not the tokens of the window's
     requests."""
-    from chatfleet.core.metrics import arrivals_in_window
+    from chatfleet.core.measure.point import arrivals_in_window
     from chatfleet.core.workload import LengthSpec
     from chatfleet.twin.fleet import FleetConfig, run_fleet_point
 

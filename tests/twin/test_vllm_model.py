@@ -15,7 +15,7 @@ from chatfleet.cli import app
 from chatfleet.core.calibration import L4_CALIBRATION
 from chatfleet.core.documents.sweep import ClosedLoad
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO
+from chatfleet.core.slo import SLO
 from chatfleet.core.workload import WorkloadConfig
 from chatfleet.twin.fleet import FleetConfig, run_fleet_point
 from chatfleet.twin.sweep import TwinSweep

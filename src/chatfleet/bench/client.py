@@ -25,7 +25,7 @@ import aiohttp
 import orjson
 
 from chatfleet.bench import arrivals
-from chatfleet.core.metrics import expand_chunks
+from chatfleet.core.measure.itl import expand_chunks
 from chatfleet.core.records import RequestRecord
 
 READ_BUFSIZE = 1 << 20

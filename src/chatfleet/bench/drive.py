@@ -12,12 +12,13 @@ as attempt k, request id `<id>#k`, each attempt its own record, at most `max_ret
 only while the retry time is inside the window; a user whose request is still shed after that
 stops (as in the twin: it would retry past the window). A shed open-loop session ends.
 
-A payload may build its texts off the event loop and ahead of need (bench.payload.ChatPayload
-with a TextPool): the driver calls `prefetch(spec)` as soon as a request exists (an open-loop
-arrival before its time comes, a user's next turn before its think time), which starts the
-builds that request and the next ones will need, and awaits `prepare(spec)` at the request's
-time, before the send, so a build that was not done by then shows as send lag, never as loop
-lag.
+The payload (bench/payload.py's contract) makes each body; a chat payload builds its texts off
+the event loop and ahead of need (bench/chat_payload.py, with a TextPool): the driver calls
+`prefetch(spec)` as soon as a request exists (an open-loop arrival before its time comes, a
+user's next turn before its think time), which starts the builds that request and the next
+ones will need, and awaits `prepare(spec)` at the request's time, before the send, so a build
+that was not done by then shows as send lag, never as loop lag. An ok answer goes to
+`on_answer`, a session without a next turn to `end_session`.
 
 The driver also measures itself: send lag (how late each request left against its schedule)
 and event-loop lag (how late a 10 ms timer fires), so a run where the client fell behind can
@@ -32,35 +33,15 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 
 from chatfleet.bench.client import Clock, StreamOutcome, stream
+from chatfleet.bench.payload import Payload
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec
 
-# (spec) -> (url path, JSON body)
-Payload = Callable[[RequestSpec], tuple[str, dict[str, Any]]]
 LOOP_PROBE_S = 0.010
-
-
-def completions_with_ids(model: str, ignore_eos: bool = True, send_rid: bool = False) -> Payload:
-    """/v1/completions with the prompt as token ids: the twin's exact token sequence (SGLang,
-    vLLM and the simserver accept token-id prompts). `send_rid` passes the request id as
-    SGLang's `rid` (the simserver's trace then names it)."""
-
-    def build(spec: RequestSpec) -> tuple[str, dict[str, Any]]:
-        extra = {"rid": spec.request_id} if send_rid else {}
-        return "/v1/completions", {**extra,
-            "model": model, "prompt": spec.prompt_ids().tolist(),
-            "max_tokens": spec.max_new_tokens, "ignore_eos": ignore_eos,
-            "min_tokens": spec.max_new_tokens if ignore_eos else 0,
-            "stream": True, "temperature": 0.0,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        }
-
-    return build
 
 
 @dataclass(slots=True)
@@ -133,10 +114,6 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
     tasks: set[asyncio.Task[None]] = set()
     t_start = time.monotonic()
 
-    # a payload that builds its bodies' texts off the loop (bench.payload.ChatPayload)
-    prepare = getattr(payload, "prepare", None)
-    prefetch = getattr(payload, "prefetch", None)
-
     def request_headers(spec: RequestSpec) -> dict[str, str] | None:
         if session_header is None:
             return headers
@@ -151,11 +128,9 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
             spec = dataclasses.replace(spec, request_id=f"{spec.request_id}#{attempt}",
                                        scheduled_time=spec.scheduled_time if at is None
                                        else at)
-        if prefetch is not None:
-            prefetch(spec)  # its texts (and its next turns'), built off the loop meanwhile
+        payload.prefetch(spec)  # its texts (and its next turns'), built off the loop meanwhile
         await clock.sleep_until(spec.scheduled_time)
-        if prepare is not None:
-            await prepare(spec)  # at once when they were built ahead
+        await payload.prepare(spec)  # at once when they were built ahead
         res.send_lag.append((spec.scheduled_time, max(0.0, (clock.now() - spec.scheduled_time)
                                                       * 1000 / clock.scale)))
         rec = RequestRecord(spec.request_id, spec.session_id, spec.turn,
@@ -173,15 +148,13 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
             rec.error = "not finished within the drain limit"
             raise
         res.outcomes.append(out)
-        on_answer = getattr(payload, "on_answer", None)
-        if on_answer is not None and rec.outcome == "ok":
-            on_answer(spec, out.text)
+        if rec.outcome == "ok":
+            payload.on_answer(spec, out.text)
         return out
 
     def done(spec: RequestSpec, nxt: RequestSpec | None) -> None:
-        end = getattr(payload, "end_session", None)
-        if end is not None and (nxt is None or nxt.session_id != spec.session_id):
-            end(spec.session_id)
+        if nxt is None or nxt.session_id != spec.session_id:
+            payload.end_session(spec.session_id)
 
     async def send_retrying(spec: RequestSpec) -> StreamOutcome:
         """A closed-loop user's request and, with `retry_shed`, its retries while shed."""
@@ -225,8 +198,7 @@ async def drive(targets: list[str], driver: ClosedLoop | OpenLoop, payload: Payl
     else:
         spec = driver.next_arrival(0.0)
         while spec.scheduled_time < window_end and not stop.is_set():
-            if prefetch is not None:
-                prefetch(spec)  # build its texts while it has not arrived yet
+            payload.prefetch(spec)  # build its texts while it has not arrived yet
             await clock.sleep_until(spec.scheduled_time)
             tasks.add(asyncio.create_task(session_turns(spec)))
             tasks = {t for t in tasks if not t.done()}

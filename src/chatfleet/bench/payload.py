@@ -1,65 +1,40 @@
-"""Turn the workload's requests into request bodies for a live engine.
+"""What a request's body is made of: the `Payload` contract, the token-id payload, and a payload
+cut to what the engine accepts.
 
-- `ChatPayload` (the default): /v1/chat/completions with real text. Each prompt text is text of
-  exactly the segment's number of Qwen3 tokens (data.exact_tokens.text_of_exact_tokens, a
-  function of (seed, tokens)). The shared system prompt of group g is seeded by its segment id
-  (g + 1), so it is byte-identical in every request and every session; a user message is
-  seeded by (the run's seed, its session id, its turn) (`user_text_seed`), which the workload
-  knows before the run starts, where its segment id depends on the order in which users
-  finish. A session's history carries the answers the engine actually gave (their text, as
-  the product would), not the workload's synthetic answers. Chat-template tokens come on top of
-  the segment lengths, as they would in production.
-- `completions_with_ids` (drive.py): /v1/completions with the twin's exact token ids.
+A payload turns each of the workload's requests into (URL path, JSON body). Around that, the
+drive (bench/drive.py) and a sweep's run (bench/live_run.py) call its hooks, each at one moment:
 
-Thinking is off by default (`enable_thinking: false` in chat_template_kwargs, stated in the
-results' workload block); `--thinking` turns it on.
+| hook | called by | when |
+|---|---|---|
+| `reset(seed)` | the run | first: a new run with this seed, sessions start over |
+| `await build_ahead(ahead, per_stream, system, progress)` | the run | before its clock starts |
+| `prefetch(spec)` | the drive | as soon as a request exists (an arrival drawn, a next turn) |
+| `await prepare(spec)` | the drive | at the request's time, before its body is asked for |
+| `payload(spec)` | the drive | at the send: (path, body) |
+| `on_answer(spec, text)` | the drive | an ok answer came back: its text |
+| `end_session(session_id)` | the drive | the session has no next turn |
+| `ahead_stats()` | the run | after the drive: what its texts cost (None: it builds none) |
+| `close()` | the sweep | once, at its end |
 
-When texts are built: with a `TextPool`, never on the event loop, and ahead of need. Before a
-run's clock starts, `build_ahead` builds the shared system prompts and the first turns of
-every stream of the run's `TurnsAhead` (closed loop: as many turns per user as the run is
-expected to send; open loop: every session that arrives in the window); then, as each request
-is sent, `prefetch` starts the builds of the next `lookahead` turns of its stream, so a text
-the estimate left out is built turns before it is needed. The drive calls `prefetch` as soon
-as a request exists and awaits `prepare` at its send time; a request whose texts were not built
-by then waits for them (counted in `late`, with its scheduled time). The body is made of texts
-already built, so the loop only assembles and sends bytes. Without a pool a text is built
-inline, as the same function of (seed, tokens).
+`IdsPayload` (/v1/completions with the twin's exact token ids) builds nothing and keeps no
+history: every hook of a `PlainPayload` does nothing. `ChatPayload` (bench/chat_payload.py)
+builds its texts ahead in a pool and keeps each session's history. `Shaped` cuts any payload's
+bodies to the fields the engine accepts and passes every hook on.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import hashlib
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from chatfleet.bench.text_pool import TextPool
 from chatfleet.core.workload import RequestSpec
-from chatfleet.core.workload.ahead import Turn, TurnsAhead
-from chatfleet.data.exact_tokens import text_of_exact_tokens
-from chatfleet.data.tokenizer import QwenTokenizer
+from chatfleet.core.workload.ahead import TurnsAhead
+from chatfleet.engines import EngineAdapter
 
-TextKey = tuple[int, int]  # (seed, tokens)
+TextKey = tuple[int, int]  # a text of exactly `tokens` tokens for a seed: (seed, tokens)
 Progress = Callable[[int, int], None]  # (texts built, texts to build)
-
-# During a run each send starts the builds of its stream's next turns, this many of them.
-LOOKAHEAD_TURNS = 3
-# At most this many texts are built before a run's clock starts (about 60 MB of 512-token
-# messages, two minutes on two workers here); the lookahead builds the rest during the run.
-MAX_TEXTS_AHEAD = 20_000
-# user-message seeds are 65-bit (1 << 64 set), apart from the system prompts' 1..G
-_USER_SEED_BIT = 1 << 64
-
-
-def user_text_seed(run_seed: int, session_id: str, turn: int) -> int:
-    """The seed of a user message's text: a function of the run's seed, the session and the
-    turn only, so it is known before the run starts (a segment id is not: the workload
-    allocates them as users finish)."""
-    digest = hashlib.blake2b(f"{run_seed}/{session_id}/{turn}".encode(), digest_size=8)
-    return _USER_SEED_BIT | int.from_bytes(digest.digest(), "big")
+Body = tuple[str, dict[str, Any]]  # (URL path, JSON body)
 
 
 @dataclass
@@ -74,175 +49,117 @@ class AheadStats:
     late: list[float] = field(default_factory=list)
 
 
-@dataclass
-class ChatPayload:
-    tok: QwenTokenizer
-    model: str
-    ignore_eos: bool = True
-    thinking: bool = False
-    continuous_usage: bool = True
-    system_groups: int = 1
-    pool: TextPool | None = None  # builds texts off the event loop (None: inline)
-    lookahead: int = LOOKAHEAD_TURNS
-    max_ahead: int = MAX_TEXTS_AHEAD
-    stats: AheadStats = field(default_factory=AheadStats)
-    _run_seed: int = 0
-    _ahead: TurnsAhead | None = None
-    _text: dict[TextKey, str] = field(default_factory=dict)
-    _pending: dict[TextKey, asyncio.Future[str]] = field(default_factory=dict)
-    _history: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+class Payload(Protocol):
+    """A request's body and the hooks around it (the module docstring says who calls each,
+    and when)."""
 
-    def ahead_stats(self) -> AheadStats:
-        """What this run's texts cost so far (`reset` starts them over)."""
-        return self.stats
+    def __call__(self, spec: RequestSpec) -> Body: ...
 
-    def segment_text(self, seed: int, n: int) -> str:
-        """Text of exactly n tokens for `seed`: the same bytes every time it is asked (built
-        inline when it was not built ahead)."""
-        text = self._text.get((seed, n))
-        if text is None:
-            text = text_of_exact_tokens(self.tok, n, seed=seed)
-            self._text[(seed, n)] = text
-        return text
+    def reset(self, seed: int) -> None: ...
 
-    def reset(self, seed: int = 0) -> None:
-        """A new run with this seed: sessions start over, the user messages' texts are new
-        (the shared system prompts' are kept)."""
-        self._history.clear()
-        for fut in self._pending.values():
-            fut.cancel()
-        self._pending.clear()
-        self._text = {k: v for k, v in self._text.items() if k[0] <= self.system_groups}
-        self._run_seed = seed
-        self._ahead = None
-        self.stats = AheadStats()
+    async def build_ahead(self, ahead: TurnsAhead, per_stream: int | None,
+                          system: Iterable[TextKey] = (),
+                          progress: Progress | None = None) -> None: ...
 
-    def _system_key(self, spec: RequestSpec) -> TextKey | None:
-        """The shared system prompt a session's first turn opens with, if any."""
-        segs = spec.segments
-        if len(segs) > 1 and spec.turn == 0 and segs[0][0] <= self.system_groups:
-            return segs[0]
+    def prefetch(self, spec: RequestSpec) -> None: ...
+
+    async def prepare(self, spec: RequestSpec) -> None: ...
+
+    def on_answer(self, spec: RequestSpec, text: str) -> None: ...
+
+    def end_session(self, session_id: str) -> None: ...
+
+    def ahead_stats(self) -> AheadStats | None: ...
+
+    def close(self) -> None: ...
+
+
+class PlainPayload:
+    """The hooks of a payload whose body is made at the send from the request alone: none of
+    them does anything. A subclass defines `__call__` (and overrides the hooks it needs)."""
+
+    def reset(self, seed: int) -> None:
         return None
-
-    def _user_key(self, session_id: str, turn: int, tokens: int) -> TextKey:
-        return (user_text_seed(self._run_seed, session_id, turn), tokens)
-
-    def keys_of(self, spec: RequestSpec) -> list[TextKey]:
-        """The texts the request's body carries (the history's earlier texts were carried
-        before): its system prompt on a first turn, and its user message."""
-        user = self._user_key(spec.session_id, spec.turn, spec.segments[-1][1])
-        system = self._system_key(spec)
-        return [user] if system is None else [system, user]
-
-    def _turn_key(self, turn: Turn) -> TextKey:
-        return self._user_key(turn.session_id, turn.turn, turn.user_tokens)
-
-    def prefetch(self, spec: RequestSpec) -> list[asyncio.Future[str]]:
-        """Start building the texts `spec` will need, and those of its stream's next
-        `lookahead` turns, in the pool (nothing without a pool, or for texts built or being
-        built); the futures `spec` still waits on."""
-        if self.pool is None:
-            return []
-        started = len(self._pending)
-        waits = [f for f in (self._future(k) for k in self.keys_of(spec)) if f is not None]
-        if self._ahead is not None:
-            for turn in self._ahead.following(spec, self.lookahead):
-                self._future(self._turn_key(turn))
-        self.stats.built_in_run += len(self._pending) - started
-        return waits
-
-    async def prepare(self, spec: RequestSpec) -> None:
-        """Return when every text of `spec` is built (in the pool), counting the request as
-        late when one was not; a build's error is raised. Cancelling the caller leaves a shared
-        build running for the others."""
-        waits = self.prefetch(spec)
-        if waits:
-            self.stats.late.append(spec.scheduled_time)
-        for fut in waits:
-            await asyncio.shield(fut)
-
-    async def prebuild(self, keys: Iterable[TextKey],
-                       progress: Progress | None = None) -> int:
-        """Build these texts now (in the pool when there is one); how many were built."""
-        wanted = [k for k in dict.fromkeys(keys) if k not in self._text]
-        if self.pool is None:
-            for k in wanted:
-                self.segment_text(*k)
-            return len(wanted)
-        futs = [f for f in (self._future(k) for k in wanted) if f is not None]
-        for done, fut in enumerate(asyncio.as_completed(futs), start=1):
-            await fut
-            if progress is not None:
-                progress(done, len(futs))
-        return len(wanted)
 
     async def build_ahead(self, ahead: TurnsAhead, per_stream: int | None,
                           system: Iterable[TextKey] = (),
                           progress: Progress | None = None) -> None:
-        """Before the run's clock starts: the shared system prompts and the first `per_stream`
-        turns of every stream of `ahead` (None: all of an open loop's), at most `max_ahead`
-        texts in all; `ahead` then guides the lookahead during the run."""
-        self._ahead = ahead
-        per = None if per_stream is None else max(per_stream, self.lookahead + 1)
-        turns = ahead.first(per)[: self.max_ahead]
-        t0 = time.monotonic()
-        built = await self.prebuild([*system, *(self._turn_key(t) for t in turns)], progress)
-        self.stats.built_ahead += built
-        self.stats.ahead_s += time.monotonic() - t0
+        return None
 
-    def _future(self, key: TextKey) -> asyncio.Future[str] | None:
-        if key in self._text or self.pool is None:
-            return None
-        fut = self._pending.get(key)
-        if fut is None:
-            fut = asyncio.ensure_future(self.pool.text(key[1], key[0]))
-            self._pending[key] = fut
-            fut.add_done_callback(functools.partial(self._landed, key))
-        return fut
+    def prefetch(self, spec: RequestSpec) -> None:
+        return None
 
-    def _landed(self, key: TextKey, fut: asyncio.Future[str]) -> None:
-        if self._pending.get(key) is fut:
-            del self._pending[key]
-        if not fut.cancelled() and fut.exception() is None:
-            self._text.setdefault(key, fut.result())
-
-    def close(self) -> None:
-        """Stop the pool's workers (the payload builds inline afterwards)."""
-        if self.pool is not None:
-            pool, self.pool = self.pool, None
-            pool.close()
-
-    def __call__(self, spec: RequestSpec) -> tuple[str, dict[str, Any]]:
-        history = self._history.get(spec.session_id)
-        if history is None or spec.turn == 0:
-            history = []
-            system = self._system_key(spec)
-            if system is not None:
-                history.append({"role": "system", "content": self.segment_text(*system)})
-            self._history[spec.session_id] = history
-        user = self.segment_text(*self.keys_of(spec)[-1])
-        messages = [*history, {"role": "user", "content": user}]
-        body: dict[str, Any] = {
-            "model": self.model,
-            "messages": messages,
-            "max_tokens": spec.max_new_tokens,
-            "stream": True,
-            "temperature": 0.0,
-            "chat_template_kwargs": {"enable_thinking": self.thinking},
-            "stream_options": {"include_usage": True,
-                               "continuous_usage_stats": self.continuous_usage},
-        }
-        if self.ignore_eos:
-            body["ignore_eos"] = True
-            body["min_tokens"] = spec.max_new_tokens
-        return "/v1/chat/completions", body
+    async def prepare(self, spec: RequestSpec) -> None:
+        return None
 
     def on_answer(self, spec: RequestSpec, text: str) -> None:
-        """The engine's answer joins the session's history (its reasoning does not)."""
-        history = self._history.setdefault(spec.session_id, [])
-        user = self.segment_text(*self.keys_of(spec)[-1])
-        history.append({"role": "user", "content": user})
-        history.append({"role": "assistant", "content": text})
+        return None
 
     def end_session(self, session_id: str) -> None:
-        self._history.pop(session_id, None)
+        return None
+
+    def ahead_stats(self) -> AheadStats | None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class IdsPayload(PlainPayload):
+    """/v1/completions with the prompt as token ids: the twin's exact token sequence (SGLang,
+    vLLM and the simserver accept token-id prompts). `send_rid` passes the request id as
+    SGLang's `rid` (the simserver's trace then names it)."""
+
+    model: str
+    ignore_eos: bool = True
+    send_rid: bool = False
+
+    def __call__(self, spec: RequestSpec) -> Body:
+        extra = {"rid": spec.request_id} if self.send_rid else {}
+        return "/v1/completions", {**extra,
+            "model": self.model, "prompt": spec.prompt_ids().tolist(),
+            "max_tokens": spec.max_new_tokens, "ignore_eos": self.ignore_eos,
+            "min_tokens": spec.max_new_tokens if self.ignore_eos else 0,
+            "stream": True, "temperature": 0.0,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+
+
+class Shaped:
+    """A payload whose bodies are cut to what the engine accepts (a strict OpenAI server
+    answers 422 to any other field); every hook is the inner payload's."""
+
+    def __init__(self, inner: Payload, adapter: EngineAdapter) -> None:
+        self.inner = inner
+        self.adapter = adapter
+
+    def __call__(self, spec: RequestSpec) -> Body:
+        path, body = self.inner(spec)
+        return path, self.adapter.shape_payload(body)
+
+    def reset(self, seed: int) -> None:
+        self.inner.reset(seed)
+
+    async def build_ahead(self, ahead: TurnsAhead, per_stream: int | None,
+                          system: Iterable[TextKey] = (),
+                          progress: Progress | None = None) -> None:
+        await self.inner.build_ahead(ahead, per_stream, system, progress)
+
+    def prefetch(self, spec: RequestSpec) -> None:
+        self.inner.prefetch(spec)
+
+    async def prepare(self, spec: RequestSpec) -> None:
+        await self.inner.prepare(spec)
+
+    def on_answer(self, spec: RequestSpec, text: str) -> None:
+        self.inner.on_answer(spec, text)
+
+    def end_session(self, session_id: str) -> None:
+        self.inner.end_session(session_id)
+
+    def ahead_stats(self) -> AheadStats | None:
+        return self.inner.ahead_stats()
+
+    def close(self) -> None:
+        self.inner.close()

@@ -39,8 +39,8 @@ from chatfleet.core.cache.trace import (
 )
 from chatfleet.core.documents.cache import CacheDoc, CacheResult
 from chatfleet.core.engine.build import EngineSpec, step_time_model
+from chatfleet.core.engine.eviction import EVICTION_POLICIES
 from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY, WRITE_POLICIES
-from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.memory import hicache_host_tokens
 from chatfleet.core.specs import precision
 from chatfleet.data.traffic import read_trace

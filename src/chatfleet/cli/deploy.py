@@ -16,15 +16,9 @@ from chatfleet.cli.common import (
     print_json,
 )
 from chatfleet.deploy import image
-from chatfleet.deploy.k8s import (
-    DEFAULT_IMAGE_CHATFLEET,
-    DEFAULT_IMAGE_SGLANG,
-    K8sOptions,
-    manifests,
-    plan_from_file,
-    plan_from_flags,
-    write,
-)
+from chatfleet.deploy.k8s.files import manifests, write
+from chatfleet.deploy.k8s.objects import DEFAULT_IMAGE_CHATFLEET, DEFAULT_IMAGE_SGLANG, K8sOptions
+from chatfleet.deploy.k8s.plan import plan_from_file, plan_from_flags
 
 deploy_app = typer.Typer(help="Deployment files: Kubernetes manifests, Prometheus, Grafana.",
                          no_args_is_help=True)

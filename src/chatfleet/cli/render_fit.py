@@ -17,6 +17,7 @@ TERM_UNITS = {
     "bandwidth_eff": ("achieved bandwidth / datasheet", 1.0, ""),
     "gemm_eff": ("achieved GEMM rate / datasheet", 1.0, ""),
     "attn_eff": ("achieved attention rate / datasheet", 1.0, ""),
+    "kv_read_eff": ("KV-cache read bandwidth / datasheet", 1.0, ""),
 }
 
 

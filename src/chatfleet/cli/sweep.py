@@ -11,7 +11,8 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from chatfleet.bench.sweep import LiveSweep, LiveSweepConfig, request_stop
+from chatfleet.bench.sweep import LiveSweep, request_stop
+from chatfleet.bench.sweep_config import LiveSweepConfig
 from chatfleet.bench.telemetry import parse_telemetry_spec
 from chatfleet.cli.common import check_output_dir, clean_errors, console, fail, out
 from chatfleet.cli.options import GROUP_DRAW_HELP, build_lengths, build_loads, parse_group_draw

@@ -47,8 +47,8 @@ from chatfleet.cli.render_fit import print_judgement, print_profile
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.documents.sweep import SweepDoc
 from chatfleet.core.engine.build import EngineSpec, provenance_of, scaled_spec
+from chatfleet.core.engine.eviction import EVICTION_POLICIES
 from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY
-from chatfleet.core.engine.radix import EVICTION_POLICIES
 from chatfleet.core.fleet.fleet import FleetSettings
 from chatfleet.core.fleet.routing import SPILL_RULES
 from chatfleet.core.slo import SLO
@@ -114,8 +114,10 @@ def calibrate_cmd(
             fail(f"--gemm-eff {gemm_eff}: a share of the card's peak FLOPS, in (0, 1]")
         how = choose_method(from_, engine_model, method)
         if how == "steps":
-            held = None if hold is None else [] if hold == "none" else parse_list(
-                hold, str, "--hold")
+            held = None if hold is None else [] if hold == "none" else [
+                name.strip() for name in hold.split(",") if name.strip()]
+            if held == [] and hold != "none":
+                fail("--hold is empty: names of the constants to hold, or none")
             prof = fit_profile(from_, gpu=gpu, model=model, weights=weights,
                                kv_cache=kv_cache, hold=held)
         else:

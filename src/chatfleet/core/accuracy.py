@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -354,8 +354,3 @@ def compare(a: str, a_outcomes: Sequence[bool], b: str, b_outcomes: Sequence[boo
         "diff": (t.b_only - t.a_only) / n, "diff_ci95": [lo, hi], "diff_method": DIFF_METHOD,
         "margin": margin, "within_margin": lo >= -margin,
     }
-
-
-def outcomes_in_order(rows: Mapping[int, bool], indices: Sequence[int]) -> list[bool]:
-    """Outcomes of the asked questions in the order of ``indices`` (a missing one is wrong)."""
-    return [bool(rows.get(i, False)) for i in indices]

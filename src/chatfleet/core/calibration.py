@@ -110,6 +110,9 @@ class Calibration:
     # how far the fitted step time was off the measured one (a share; None: not measured with
     # this calibration, see STEP_TIME_BAND)
     error_band: float | None = None
+    # vLLM model: the attention kernels' share of datasheet bandwidth reading the KV cache,
+    # where a fit told it from the weights' (None: bandwidth_eff's)
+    kv_read_eff: float | None = None
 
     def scaled(self, k: float) -> Calibration:
         """The same engine with every step k times as long: the fixed, per-sequence, launch
@@ -121,7 +124,8 @@ class Calibration:
             self, bandwidth_eff=self.bandwidth_eff / k, decode_fixed_s=self.decode_fixed_s * k,
             prefill_fixed_s=self.prefill_fixed_s * k,
             gemm_eff={w: e / k for w, e in self.gemm_eff.items()}, attn_eff=self.attn_eff / k,
-            eager_s=self.eager_s * k, per_seq_s=self.per_seq_s * k, launch_s=self.launch_s * k)
+            eager_s=self.eager_s * k, per_seq_s=self.per_seq_s * k, launch_s=self.launch_s * k,
+            kv_read_eff=None if self.kv_read_eff is None else self.kv_read_eff / k)
 
     def constants(self, gpu: GPU, weights: str) -> StepConstants:
         tier = tier_defaults(gpu.visible_mib)
@@ -135,6 +139,7 @@ class Calibration:
             cuda_graph_max_bs=tier.cuda_graph_max_bs,
             chunked_prefill_size=tier.chunked_prefill_size,
             host_io_eff=ASSUMED_HOST_IO_EFF,
+            kv_read_eff=self.kv_read_eff,
         )
 
 
@@ -526,7 +531,8 @@ def calibration_to_json(cal: Calibration) -> dict[str, object]:
             "gemm_eff": dict(cal.gemm_eff), "attn_eff": cal.attn_eff, "eager_s": cal.eager_s,
             "calibrated": cal.calibrated, "source": cal.source, "per_seq_s": cal.per_seq_s,
             "frontend_s": cal.frontend_s, "launch_s": cal.launch_s,
-            "frontend_delay_s": cal.frontend_delay_s, "error_band": cal.error_band}
+            "frontend_delay_s": cal.frontend_delay_s, "error_band": cal.error_band,
+            **({} if cal.kv_read_eff is None else {"kv_read_eff": cal.kv_read_eff})}
 
 
 def calibration_from_json(d: dict[str, object]) -> Calibration:
@@ -547,12 +553,15 @@ def calibration_from_json(d: dict[str, object]) -> Calibration:
             launch_s=float(d.get("launch_s", 0.0)),  # type: ignore[arg-type]
             frontend_delay_s=float(d.get("frontend_delay_s", 0.0)),  # type: ignore[arg-type]
             error_band=None if d.get("error_band") is None
-            else float(d["error_band"]))  # type: ignore[arg-type]
+            else float(d["error_band"]),  # type: ignore[arg-type]
+            kv_read_eff=None if d.get("kv_read_eff") is None
+            else float(d["kv_read_eff"]))  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
         raise ChatfleetError(f"not a calibration profile: {exc}") from exc
     if (not 0 < cal.bandwidth_eff <= 1.5 or cal.prefill_fixed_s < 0 or cal.decode_fixed_s < 0
             or cal.per_seq_s < 0 or cal.frontend_s < 0 or cal.launch_s < 0
             or cal.frontend_delay_s < 0
+            or (cal.kv_read_eff is not None and not 0 < cal.kv_read_eff <= 1.5)
             or (cal.error_band is not None and not 0 <= cal.error_band < 1)):
         raise ChatfleetError("calibration profile has out-of-range constants")
     return cal

@@ -13,7 +13,6 @@ from typing import Any, Literal
 from chatfleet.core.errors import ChatfleetError
 
 GIB = 1 << 30
-MIB = 1 << 20
 
 Dtype = Literal["bf16", "fp8"]
 DTYPES: tuple[Dtype, ...] = ("bf16", "fp8")
@@ -151,12 +150,6 @@ class Model:
         the lm_head run only for the tokens whose logits are sampled."""
         head = self.vocab_size * self.hidden_size
         return 2.0 * self.linear_params * new_tokens + 2.0 * head * logits_tokens
-
-    def attention_flops(self, new_tokens: int, context_before: int) -> float:
-        """QK^T and PV FLOPs of `new_tokens` attending causally to everything before them."""
-        # token j (0-based among the new ones) attends to context_before + j + 1 positions
-        pairs = new_tokens * context_before + new_tokens * (new_tokens + 1) / 2
-        return 4.0 * self.num_layers * self.num_attention_heads * self.head_dim * pairs
 
 
 REQUIRED_CONFIG_FIELDS = (

@@ -3,7 +3,9 @@
 A sweep runs its grid in order, then, with refinement, each mode's knee bracket by the one
 policy (`core.refine.next_load`: close an open bracket, then bisect it). Point `index` runs
 with seed = base seed + index: the grid's loads take 0..len(grid)-1, refinement runs the
-indices after them (and after every run already finished, when a live sweep resumes).
+indices after them (and after every run already finished, when a live sweep resumes). A sweep
+resumed with another grid gives a new load whose position a finished run holds the next free
+index instead: two runs never share an index, hence never a seed or a `runs/NNN` folder.
 
 `Sweep` holds that order and nothing else: a point runner (`PointRunner`: `run(load, index)`
 returns the finished `SweepPoint`) does the work. The twin's runner is synchronous and
@@ -69,10 +71,18 @@ class Sweep:
         self.skipped: list[Job] = [Job(i, load, "grid") for i, load in enumerate(self.grid)
                                    if _key(load, seed + i) in finished]
         skip = {j.index for j in self.skipped}
-        self._grid_jobs = [Job(i, load, "grid") for i, load in enumerate(self.grid)
-                           if i not in skip]
-        indices = [p.run_index for p in done if p.run_index is not None]
-        self._next_index = max(len(self.grid), max(indices, default=-1) + 1)
+        used = {p.run_index for p in done if p.run_index is not None}
+        self._next_index = max(len(self.grid), max(used, default=-1) + 1)
+        # a grid load keeps its position as its index unless a finished run of another load
+        # holds it (a sweep resumed with another grid): then it takes the next free index, so
+        # no run's files or seed are another's
+        self._grid_jobs: list[Job] = []
+        for i, load in enumerate(self.grid):
+            if i in skip:
+                continue
+            if i in used:
+                i, self._next_index = self._next_index, self._next_index + 1
+            self._grid_jobs.append(Job(i, load, "grid"))
         self._modes = [m for m in reversed(MODES)  # closed loop first, then open
                        if any(load.mode == m for load in self.grid)]
         self._runs = {"extend": 0, "bisect": 0}

@@ -144,10 +144,6 @@ class QwenTokenizer:
             )
         )
 
-    def encode_chat(self, messages: Sequence[Message], **kwargs: Any) -> list[int]:
-        """Token ids of the rendered conversation (same keywords as :meth:`apply_chat_template`)."""
-        return self.encode(self.apply_chat_template(messages, **kwargs))
-
     def count_chat_tokens(
         self,
         messages: Sequence[Message],

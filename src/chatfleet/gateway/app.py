@@ -30,8 +30,9 @@ from chatfleet.core.fleet.prompt import PrefixCheck, canonicalize, describe
 from chatfleet.core.fleet.routing import SESSION_HEADER, is_returning, session_key
 from chatfleet.core.specs import SpecError, builtin_model, get_gpu, precision
 from chatfleet.gateway.admin import add_admin_routes
+from chatfleet.gateway.admission import DecisionLog
 from chatfleet.gateway.config import ConfigError, GatewayConfig, KeyConfig, Overrides, load_config
-from chatfleet.gateway.fleet import DecisionLog, LiveFleet
+from chatfleet.gateway.fleet import LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics, exposition, registry
 from chatfleet.gateway.openapi import openapi
 from chatfleet.gateway.relay import (
@@ -120,8 +121,8 @@ class Gateway:
         self.fleet = LiveFleet(self.cfg, self._step_time, self.metrics, self.decisions,
                                self.fleet_trace)
         self.registry = registry(self.metrics, self.fleet.gauges)
-        self.relay = Relay(self.fleet, self.metrics, relay_settings(self.cfg), self.watch,
-                           self.remember_session)
+        self.relay = Relay(self.fleet.admission, self.fleet.registry, self.metrics,
+                           relay_settings(self.cfg), self.watch, self.remember_session)
         self.shared = SharedCaps(self.state, self.fleet, self.metrics, self.cfg.state)
         await self.shared.start()
         self._session = aiohttp.ClientSession(
@@ -199,10 +200,10 @@ class Gateway:
         skey = session_key(request.headers, body)
         fleet = self.fleet
         if skey is not None and self.shared.shared and self.shared.up \
-                and not fleet.core.is_returning(skey, arrival):
+                and not fleet.admission.core.is_returning(skey, arrival):
             await self._adopt(skey)
             arrival = self.loop.time()
-        returning = is_returning(body) or fleet.core.is_returning(skey, arrival)
+        returning = is_returning(body) or fleet.admission.core.is_returning(skey, arrival)
         freq = FleetRequest(rid, skey, arrival, returning,
                             key=key.name if key is not None else None)
         call = Call(rid, path, orjson.dumps(body), stream, freq, arrival, headers)
@@ -230,7 +231,7 @@ class Gateway:
         except StateUnavailable:
             return
         if replica is not None and replica in self.fleet.replicas:
-            self.fleet.core.adopt_session(key, replica, self.loop.time())
+            self.fleet.admission.core.adopt_session(key, replica, self.loop.time())
 
     def remember_session(self, request: FleetRequest, replica: str) -> None:
         """Publish where a session runs now (fire and forget: the next turn may come in
@@ -369,7 +370,7 @@ class Gateway:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ok = False
             reason = f"probe failed: {type(exc).__name__}"
-        self.fleet.report(name, ok, probe=True, reason=reason)
+        self.fleet.registry.report(name, ok, probe=True, reason=reason)
         return ok
 
     async def _probe_all(self) -> None:

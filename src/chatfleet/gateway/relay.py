@@ -39,9 +39,10 @@ from aiohttp import web
 
 from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.gateway import errors
+from chatfleet.gateway.admission import LiveAdmission
 from chatfleet.gateway.config import Timeouts
-from chatfleet.gateway.fleet import LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics
+from chatfleet.gateway.replicas import ReplicaRegistry
 from chatfleet.gateway.slots import Slot
 from chatfleet.gateway.upstream import CUT_STALLED, Exchange, UpstreamError, request_bytes
 from chatfleet.http.errors import error
@@ -126,14 +127,16 @@ class StreamWatch:
 
 
 class Relay:
-    """The relay, with its dependencies given: the fleet (slots, replicas and their pools,
-    health reports, usage), the metrics it times streams into, its settings, the stream watch,
-    and `on_placed` (where a request's session now runs: the shared session map)."""
+    """The relay, with its dependencies given: admission (slots, first bytes, usage), the
+    replica registry (replicas and their pools, health reports), the metrics it times streams
+    into, its settings, the stream watch, and `on_placed` (where a request's session now runs:
+    the shared session map)."""
 
-    def __init__(self, fleet: LiveFleet, metrics: GatewayMetrics, settings: RelaySettings,
-                 watch: StreamWatch,
+    def __init__(self, admission: LiveAdmission, registry: ReplicaRegistry,
+                 metrics: GatewayMetrics, settings: RelaySettings, watch: StreamWatch,
                  on_placed: Callable[[FleetRequest, str], None] | None = None) -> None:
-        self.fleet = fleet
+        self.admission = admission
+        self.registry = registry
         self.metrics = metrics
         self.settings = settings
         self.watch = watch
@@ -145,26 +148,26 @@ class Relay:
                                  "with chunked transfer): send the request over "
                                  "HTTP/1.1, or without stream", param="stream"),
                            Outcome.REJECTED)
-        async with Slot(self.fleet, call.fleet_request, self.on_placed) as slot:
+        async with Slot(self.admission, call.fleet_request, self.on_placed) as slot:
             assert slot.decision is not None
             if slot.shed:
                 return _shed(slot.decision, call)
             return await self._exchange(request, call, slot)
 
     async def _exchange(self, request: web.Request, call: Call, slot: Slot) -> Relayed:
-        fleet = self.fleet
+        admission, registry = self.admission, self.registry
         t = self.settings.timeouts
         retried = False
         fresh = False
         while True:
             assert slot.replica is not None
             replica = slot.replica
-            rep = fleet.replicas.get(replica)
-            ex = Exchange(fleet.loop, self._timer(call, slot) if call.stream else None,
+            rep = registry.replicas.get(replica)
+            ex = Exchange(admission.loop, self._timer(call, slot) if call.stream else None,
                           keep_body=not call.stream)
             # a stream's head comes at once; a whole answer's when it is done
             head_s = t.first_byte_s if call.stream else max(
-                0.0, call.arrival + t.total_s - fleet.now())
+                0.0, call.arrival + t.total_s - admission.now())
             try:
                 if rep is None:
                     raise UpstreamError("replica removed", before_head=True)
@@ -177,7 +180,7 @@ class Relay:
                 if exc.reused and not fresh:
                     fresh = True  # a keep-alive connection the replica had closed
                     continue
-                fleet.report(replica, ok=False)
+                registry.report(replica, ok=False)
                 failed = await self._fail_over(call, slot, retried, error(
                     502, "no replica could take the request", code="upstream_unavailable"))
                 if failed is not None:
@@ -187,7 +190,7 @@ class Relay:
             except TimeoutError:
                 ex.abort_upstream()
                 if call.stream:
-                    fleet.report(replica, ok=False)
+                    registry.report(replica, ok=False)
                     return Relayed(error(504, f"the engine did not answer within "
                                          f"{t.first_byte_s:g} s",
                                          code="upstream_timeout"), Outcome.TIMEOUT)
@@ -199,7 +202,7 @@ class Relay:
                 raise
             if status >= 500 or status == 429:
                 ex.abort_upstream()
-                fleet.report(replica, ok=status == 429)
+                registry.report(replica, ok=status == 429)
                 failed = await self._fail_over(call, slot, retried,
                                                errors.upstream_status(status))
                 if failed is not None:
@@ -208,7 +211,7 @@ class Relay:
                 continue
             if status != 200:
                 ex.abort_upstream()
-                fleet.report(replica, ok=True)  # the request's fault, not the replica's
+                registry.report(replica, ok=True)  # the request's fault, not the replica's
                 return Relayed(errors.upstream_status(status), Outcome.REJECTED)
             try:
                 return await self._relay(request, call, slot, replica, ex, length)
@@ -237,7 +240,7 @@ class Relay:
         """The stream's clock: TTFT and ITL into the metrics, and the first chunk's time
         since admission to the fleet (a sample of the replica's learned reserve)."""
         m = self.metrics
-        fleet = self.fleet
+        admission = self.admission
         last: float | None = None
         replica, decision = slot.replica, slot.decision
 
@@ -247,7 +250,7 @@ class Relay:
             if last is None:
                 m.ttft.observe(now - call.arrival)
                 if replica is not None and decision is not None:
-                    fleet.first_byte(replica, decision.at)
+                    admission.first_byte(replica, decision.at)
                 n -= 1
             elif n:
                 m.itl.observe((now - last) / n, n)
@@ -279,7 +282,7 @@ class Relay:
             # watched until its last byte has left (the client's stalls: StreamWatch)
             watch = self.watch.watch(ex, call.arrival + self.settings.timeouts.total_s)
             await ex.done
-            self.fleet.report(replica, ok=True)
+            self.registry.report(replica, ok=True)
             self._learn(call, ex)
             slot.release()  # the engine is done with it, whether or not the client has it all
             if ex.client_gone:  # it left before the end reached it
@@ -303,7 +306,7 @@ class Relay:
                 call.cut_off = ex.cut_off
                 resp.force_close()
                 return Relayed(resp, Outcome.CANCELLED)
-            self.fleet.report(replica, ok=False)
+            self.registry.report(replica, ok=False)
             resp.force_close()
             if length is None and transport is not None and not transport.is_closing():
                 transport.write(errors.sse_error_chunk())
@@ -326,7 +329,7 @@ class Relay:
         prompt = usage.get("prompt_tokens")
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        self.fleet.observe_usage(
+        self.admission.observe_usage(
             call.fleet_request.session_key,
             prompt if isinstance(prompt, int) else None,
             cached if isinstance(cached, int) else None)

@@ -15,7 +15,7 @@ from aiohttp import web
 from chatfleet.gateway.app import Gateway
 from chatfleet.gateway.connections import ConnectionGuard
 from chatfleet.http.log import quiet_bad_requests
-from chatfleet.threads import running_in_thread
+from chatfleet.http.threads import running_in_thread
 
 BACKLOG = 4096
 log = logging.getLogger("chatfleet.gateway")

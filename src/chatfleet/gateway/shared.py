@@ -24,11 +24,11 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import Literal
+from collections.abc import Mapping
+from typing import Literal, Protocol
 
 from chatfleet.core.fleet.fairshare import Demand, fair_shares
 from chatfleet.gateway.config import StateSettings
-from chatfleet.gateway.fleet import LiveFleet
 from chatfleet.gateway.metrics import GatewayMetrics
 from chatfleet.gateway.state import ReplicaAsk, StateBackend, StateUnavailable, SyncRequest
 
@@ -36,8 +36,32 @@ log = logging.getLogger("chatfleet.gateway.shared")
 Mode = Literal["shared", "fallback"]
 
 
+class HasCap(Protocol):
+    @property
+    def cap(self) -> int: ...
+
+
+class SharedFleet(Protocol):
+    """What SharedCaps reads of this gateway's fleet and tells it (gateway/fleet.py's
+    `LiveFleet`): each replica's cap, its requests in flight here, this gateway's demand; it
+    sets this gateway's shares, the other gateways' requests in flight and whether the store
+    answers."""
+
+    @property
+    def replicas(self) -> Mapping[str, HasCap]: ...
+
+    others: dict[str, int]
+    state_up: bool
+
+    def in_flight(self, name: str) -> int: ...
+
+    def demand(self) -> Demand: ...
+
+    def set_shares(self, shares: dict[str, int]) -> None: ...
+
+
 class SharedCaps:
-    def __init__(self, backend: StateBackend, fleet: LiveFleet, metrics: GatewayMetrics,
+    def __init__(self, backend: StateBackend, fleet: SharedFleet, metrics: GatewayMetrics,
                  settings: StateSettings) -> None:
         self.backend = backend
         self.fleet = fleet

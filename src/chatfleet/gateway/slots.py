@@ -1,12 +1,12 @@
 """A request's slot at a replica, with one owner from admission to release.
 
-    async with Slot(fleet, request, on_placed) as slot:
+    async with Slot(admission, request, on_placed) as slot:
         if slot.shed: ...                      # slot.decision: 429 / 503, nothing held
         ...                                    # slot.replica: where it runs
         d = await slot.retry_elsewhere()       # it failed there before its first byte
     # released here, exactly once, whatever happened (a cancel included)
 
-Acquiring is the core's admission (`LiveFleet.acquire`: admitted, queued until a slot or the
+Acquiring is the core's admission (`LiveAdmission.acquire`: admitted, queued until a slot or the
 deadline, or shed), and it is also the fleet-wide lease: with several gateways, this gateway's
 core admits only inside the share of the replica's cap that Redis has confirmed to it
 (shared.py), so a slot acquired is a slot the whole fleet has counted, with no second step
@@ -21,13 +21,13 @@ from collections.abc import Callable
 from types import TracebackType
 
 from chatfleet.core.fleet.admission import Decision, FleetRequest
-from chatfleet.gateway.fleet import LiveFleet
+from chatfleet.gateway.admission import LiveAdmission
 
 
 class Slot:
-    def __init__(self, fleet: LiveFleet, request: FleetRequest,
+    def __init__(self, admission: LiveAdmission, request: FleetRequest,
                  on_placed: Callable[[FleetRequest, str], None] | None = None) -> None:
-        self.fleet = fleet
+        self.admission = admission
         self.request = request
         self.on_placed = on_placed
         self.decision: Decision | None = None
@@ -40,7 +40,7 @@ class Slot:
         return self.decision is not None and self.decision.shed
 
     async def __aenter__(self) -> Slot:
-        self._take(await self.fleet.acquire(self.request))
+        self._take(await self.admission.acquire(self.request))
         return self
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -53,7 +53,7 @@ class Slot:
         if not self.held or self.replica is None:
             raise RuntimeError("retry_elsewhere needs a held slot")
         self.held = False  # the core's requeue frees it
-        self._take(await self.fleet.requeue(self.request, self.replica))
+        self._take(await self.admission.requeue(self.request, self.replica))
         assert self.decision is not None
         return self.decision
 
@@ -61,7 +61,7 @@ class Slot:
         """Give the slot back (once; a slot never held, or already given back, is a no-op)."""
         if self.held and self.replica is not None:
             self.held = False
-            self.fleet.release(self.replica, self.request.key)
+            self.admission.release(self.replica, self.request.key)
 
     def _take(self, d: Decision) -> None:
         self.decision = d

@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 
 from chatfleet.bench.client import Clock, make_session
-from chatfleet.bench.drive import DriveResult, completions_with_ids, drive
+from chatfleet.bench.drive import DriveResult, drive
+from chatfleet.bench.payload import IdsPayload
 from chatfleet.core.defaults import TWIN_DRAIN_S
 from chatfleet.core.documents.sweep import ClosedLoad, EngineBlock, Load, SweepPoint
 from chatfleet.core.engine.build import EngineSpec, step_time_model
@@ -25,9 +26,9 @@ from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.slo import SLO
 from chatfleet.core.workload import ClosedLoop, Workload, WorkloadConfig, driver_for
+from chatfleet.gateway.admission import DecisionLog, fleet_settings
 from chatfleet.gateway.app import Gateway
 from chatfleet.gateway.config import GatewayConfig, Overrides, Routing
-from chatfleet.gateway.fleet import DecisionLog, fleet_settings
 from chatfleet.gateway.server import serve_in_thread as gateway_in_thread
 from chatfleet.simserver.server import ServerConfig, serve_in_thread
 from chatfleet.twin.fleet import run_fleet_point
@@ -117,7 +118,7 @@ def run_parity(spec: EngineSpec, wcfg: WorkloadConfig, users: int, *, duration_s
         async def main() -> DriveResult:
             async with make_session() as session:
                 driver = ClosedLoop(Workload(wcfg, random.Random(seed)), users)
-                return await drive(srv.urls, driver, completions_with_ids("qwen3-8b"),
+                return await drive(srv.urls, driver, IdsPayload("qwen3-8b"),
                                    window_end=end, drain_s=TWIN_DRAIN_S, clock=Clock(time_scale),
                                    session=session)
 
@@ -168,26 +169,6 @@ class FleetParity:
         ids = self.common()
         same = sum(1 for r in ids if (self.twin[r][0] == "shed") == (self.live[r][0] == "shed"))
         return same / len(ids) if ids else 0.0
-
-    def group_agreement(self, resolution_s: float = 0.002) -> float:
-        """Like decision_agreement, with requests that arrive within `resolution_s` of each
-        other taken as one group whose admitted count is compared: in wall clock, requests
-        sent in the same millisecond reach the gateway in any order (one connection each), so
-        which of them takes the last slot is not part of what the twin can predict."""
-        sched = {self._key_of(r): r.scheduled_time for r in self.drive.records}
-        ids = sorted(self.common(), key=lambda k: sched.get(k, 0.0))
-        agree, i = 0, 0
-        while i < len(ids):
-            j = i + 1
-            while j < len(ids) and sched.get(ids[j], 0.0) - sched.get(ids[j - 1], 0.0) \
-                    < resolution_s:
-                j += 1
-            group = ids[i:j]
-            a = sum(1 for k in group if self.twin[k][0] != "shed")
-            b = sum(1 for k in group if self.live[k][0] != "shed")
-            agree += len(group) - abs(a - b)
-            i = j
-        return agree / len(ids) if ids else 0.0
 
     def arrival_swaps(self) -> list[tuple[str, str]]:
         """Neighbours the gateway took in the other order than they were scheduled, as
@@ -289,14 +270,14 @@ def run_fleet_parity(spec: EngineSpec, wcfg: WorkloadConfig, load: Load,
                     workload = Workload(wcfg, random.Random(seed))
                     driver = driver_for(load, workload, arrival_times)
                     return await drive([g.url], driver,
-                                       completions_with_ids("qwen3-8b", send_rid=True),
+                                       IdsPayload("qwen3-8b", send_rid=True),
                                        window_end=end, drain_s=120.0, clock=Clock(1.0),
                                        session=session, retry_shed=True,
                                        session_header="X-Session-ID")
 
             res = asyncio.run(main())
             reserves = {n: g.gateway.fleet.ac.reserve_s(n) for n in names}
-            routes = {str(k): v for k, v in g.gateway.fleet.core.num_routes.items()}
+            routes = {str(k): v for k, v in g.gateway.fleet.admission.core.num_routes.items()}
             ttft = g.gateway.metrics.ttft
             within = sum(c for bound, c in zip(ttft.bounds, ttft.counts, strict=False)
                          if bound <= fleet.ttft_budget_s)

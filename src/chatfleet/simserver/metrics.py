@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from chatfleet.core.engine.protocol import EngineModel
+from chatfleet.core.engine.protocol import EngineReadings
 from chatfleet.core.engine.step import Step, StepResult
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class ReplicaMetrics:
         self._window: list[tuple[float, int]] = []  # (time, decode tokens) of recent steps
         self._base = (0, 0)  # cached and prompt tokens at the last flush
 
-    def on_start(self, sched: EngineModel) -> None:
+    def on_start(self, sched: EngineReadings) -> None:
         self.max_total_num_tokens.set(sched.capacity_tokens)
 
     def on_arrival(self, prompt_tokens: int) -> None:
@@ -67,18 +67,18 @@ class ReplicaMetrics:
     def on_abort(self) -> None:
         self.num_aborted.inc()
 
-    def on_flush(self, sched: EngineModel) -> None:
+    def on_flush(self, sched: EngineReadings) -> None:
         """The hit rate restarts at a flush: later readings count from here."""
         self._base = (sched.num_prefill_cached_tokens, sched.num_prefill_input_tokens)
         self.cache_hit_rate.set(0.0)
 
-    def on_idle(self, sched: EngineModel) -> None:
+    def on_idle(self, sched: EngineReadings) -> None:
         """Nothing is stepping (idle, or after an abort): the gauges show the engine as is."""
         self.num_running.set(sched.num_running())
         self.num_queue.set(sched.num_queued())
         self.num_used_tokens.set(sched.num_used_tokens())
 
-    def on_step(self, sched: EngineModel, step: Step, result: StepResult) -> None:
+    def on_step(self, sched: EngineReadings, step: Step, result: StepResult) -> None:
         row = sched.log[-1]
         if step.kind == "decode":
             # read at decode steps, as SGLang's decode log: the batch, and the queue that

@@ -14,11 +14,11 @@ from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.data.tokenizer import load_qwen_tokenizer
 from chatfleet.http.log import quiet_bad_requests
+from chatfleet.http.threads import running_in_thread
 from chatfleet.simserver.app import ReplicaApp
 from chatfleet.simserver.generation import AnswerMaker
 from chatfleet.simserver.oracle import Oracle
 from chatfleet.simserver.replica import Replica, TraceWriter
-from chatfleet.threads import running_in_thread
 
 GC_GEN0_THRESHOLD = 20_000
 

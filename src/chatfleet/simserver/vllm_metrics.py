@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from chatfleet.core.engine.protocol import EngineModel
+from chatfleet.core.engine.protocol import EngineReadings
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.step import Step, StepResult
 from chatfleet.simserver.metrics import LATENCY_BUCKETS, TPOT_BUCKETS
@@ -70,7 +70,7 @@ class VLLMReplicaMetrics:
                                  registry=r)
         self._seen = (0, 0)  # prefix counters already published
 
-    def on_start(self, sched: EngineModel) -> None:
+    def on_start(self, sched: EngineReadings) -> None:
         info = self.cache_info
         block = int(info.get("block_size", "16"))
         self._cache_info.labels(str(block), info.get("num_gpu_blocks",
@@ -87,10 +87,10 @@ class VLLMReplicaMetrics:
     def on_abort(self) -> None:
         self._success.labels(self.model_name, ENGINE_INDEX, "abort").inc()
 
-    def on_flush(self, sched: EngineModel) -> None:
+    def on_flush(self, sched: EngineReadings) -> None:
         pass  # the counters keep counting across a reset, as vLLM's do
 
-    def _publish(self, sched: EngineModel) -> None:
+    def _publish(self, sched: EngineReadings) -> None:
         self.num_running.set(sched.num_running())
         self.num_waiting.set(sched.num_queued())
         self.kv_usage.set(sched.token_usage())
@@ -102,10 +102,10 @@ class VLLMReplicaMetrics:
             self.prefix_hits.inc(dh)
         self._seen = (queries, hits)
 
-    def on_idle(self, sched: EngineModel) -> None:
+    def on_idle(self, sched: EngineReadings) -> None:
         self._publish(sched)
 
-    def on_step(self, sched: EngineModel, step: Step, result: StepResult) -> None:
+    def on_step(self, sched: EngineReadings, step: Step, result: StepResult) -> None:
         self._publish(sched)
         for req in result.first_tokens:
             if req.num_retractions == 0 and len(req.segments) == 1:

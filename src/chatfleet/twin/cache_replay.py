@@ -31,7 +31,7 @@ from chatfleet.core.engine.radix import RadixCache
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler
 from chatfleet.core.engine.step import Step
-from chatfleet.twin.events import add_request, kick
+from chatfleet.twin.events import StepKey, add_request, kick
 from chatfleet.twin.loop import Event, EventLoop
 
 
@@ -85,7 +85,7 @@ class Replay:
         self._observe(now)
         return out
 
-    def step_end(self, key: tuple[int, int], now: float) -> Iterable[Event]:
+    def step_end(self, key: StepKey, now: float) -> Iterable[Event]:
         _, gen = key
         if gen != self._step_gen[0]:
             return []  # a decode run that was cut short since

@@ -11,11 +11,17 @@
 3. The front end's latency (the API server and the hop to the engine core, which requests do not
    queue for) is what the first token takes beyond the modelled prefill step, at the lowest
    tested load (median over its requests: at one user the engine is idle when a request comes).
+   Where that point's records are missing, its median first token (the sweep document's) less
+   the modelled prefill step of the workload's mean prompt.
 4. Every point is replayed through the twin with the fitted profile, its own load, workload and
    seed: twin against live, point by point (the fit error; `chatfleet twin judge` does the same
    for sweeps the profile was not fitted on).
 
 A point with fewer than THIN_REQUESTS requests is named in a note: its percentiles are thin.
+With `--method steps`, a valid point whose records are missing (a sweep run without them, or
+resumed before core/sweep.py kept each run's folder its own) is left out of the step fit and
+named in a note; it is still replayed. `--method auto` fits steps only when every valid point
+has its records.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from chatfleet.core.calibration import (
 from chatfleet.core.defaults import DURATION_S, WARMUP_S
 from chatfleet.core.documents.sweep import ClosedLoad, SweepDoc, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.mixed_step import MixedStepModel
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.specs import builtin_model, get_gpu, precision
@@ -49,6 +56,7 @@ from chatfleet.twin.calibrate import (
     engine_model_of,
     engine_settings,
     load_sweep,
+    mean_lengths,
     workload_from_json,
 )
 from chatfleet.twin.compare import compare_point, load_text
@@ -69,6 +77,7 @@ class LiveSweep:
     path: Path
     doc: SweepDoc
     points: tuple[LivePoint, ...]
+    without_records: tuple[SweepPoint, ...] = ()
 
     @property
     def window(self) -> tuple[float, float]:
@@ -84,23 +93,25 @@ def window_of(doc: SweepDoc) -> tuple[float, float]:
 
 def read_live_sweep(path: Path) -> LiveSweep:
     """A live sweep's document and every valid point's records (its folder is needed: the
-    document alone has no token times)."""
+    document alone has no token times); the valid points without records apart."""
     doc = load_sweep(path)
     base = path if path.is_dir() else path.parent
     points = []
+    missing = []
     for p in doc.points:
         if not p.valid:
             continue
         rec = run_file(base, p, "records")
         if rec is None or not rec.is_file():
-            raise ChatfleetError(
-                f"{base}: point {load_text(p)} has no records (runs/NNN/records.jsonl): the "
-                "step fit reads every request's token times, so give a live sweep's folder "
-                "(or fit two points with --method points)")
+            missing.append(p)
+            continue
         points.append(LivePoint(p, read_records(rec), load_text(p)))
     if not points:
-        raise ChatfleetError(f"{path}: no valid point to fit on")
-    return LiveSweep(path, doc, tuple(points))
+        raise ChatfleetError(
+            f"{base}: no valid point has its records (runs/NNN/records.jsonl): the step fit "
+            "reads every request's token times, so give a live sweep's folder (or fit two "
+            "points with --method points)")
+    return LiveSweep(path, doc, tuple(points), tuple(missing))
 
 
 def samples_of(sweep: LiveSweep, lp: LivePoint) -> StepSamples:
@@ -114,10 +125,15 @@ def frontend_delay(hw: Hardware, params: StepParams, sweep: LiveSweep) -> tuple[
     """The first token's time beyond the modelled prefill step at the lowest closed-loop load
     (the median over its requests), and where it came from."""
     closed = [lp for lp in sweep.points if isinstance(lp.point.load, ClosedLoad)]
-    if not closed:
+    bare = [p for p in sweep.without_records if isinstance(p.load, ClosedLoad)]
+    if not closed and not bare:
         return 0.0, "no closed-loop point: front-end latency 0"
-    low = min(closed, key=lambda lp: lp.point.load.value)
     model = hw.step_model(params)
+    if bare and (not closed or min(p.load.value for p in bare)
+                 < min(lp.point.load.value for lp in closed)):
+        return frontend_from_summary(model, sweep.doc,
+                                     min(bare, key=lambda p: p.load.value))
+    low = min(closed, key=lambda lp: lp.point.load.value)
     extra = []
     start, end = sweep.window
     for r in low.records:
@@ -132,6 +148,21 @@ def frontend_delay(hw: Hardware, params: StepParams, sweep: LiveSweep) -> tuple[
     return (max(0.0, statistics.median(extra)),
             f"median first token beyond the modelled prefill step at {low.label} "
             f"({len(extra)} requests)")
+
+
+def frontend_from_summary(model: MixedStepModel, doc: SweepDoc,
+                          point: SweepPoint) -> tuple[float, str]:
+    """The front end from a point's median first token, where its records are missing: the
+    workload's mean prompt, its cached share as the point measured it."""
+    wcfg, _ = workload_from_json(doc.workload)
+    mean_in, _ = mean_lengths(wcfg.lengths)
+    prompt = round(wcfg.system_prompt_tokens + mean_in)
+    cached = min(prompt - 1, round(point.cached_token_share * prompt))
+    new = prompt - cached
+    step = model.step_s(0, 0, new, new * cached + new * (new + 1) / 2, cached, 1, 1)
+    return (max(0.0, point.ttft_ms.p50 / 1000 - step),
+            f"median first token beyond the modelled prefill step of the mean prompt at "
+            f"{load_text(point)} (its summary: its records are missing)")
 
 
 def fit_profile(paths: Sequence[Path], *, gpu: str | None = None, model: str | None = None,
@@ -155,7 +186,8 @@ def fit_profile(paths: Sequence[Path], *, gpu: str | None = None, model: str | N
     prior = StepParams.from_calibration(base, w)
     physics = card_physics(card.name, w)
     if physics is not None:
-        prior = replace(prior, bandwidth_eff=physics.bandwidth_eff, gemm_eff=physics.gemm_eff)
+        prior = replace(prior, bandwidth_eff=physics.bandwidth_eff, gemm_eff=physics.gemm_eff,
+                        kv_read_eff=physics.bandwidth_eff)
     held = list(hold) if hold is not None else (
         ["bandwidth_eff", "gemm_eff"] if physics is not None else [])
     runs = [(f"{i}:{lp.label}" if len(sweeps) > 1 else lp.label, samples_of(sw, lp), True)
@@ -171,11 +203,19 @@ def fit_profile(paths: Sequence[Path], *, gpu: str | None = None, model: str | N
     notes += [f"{lp.label}: {lp.point.requests.offered} requests in its window, fewer than "
               f"{THIN_REQUESTS}: its percentiles are thin" for sw in sweeps for lp in sw.points
               if lp.point.requests.offered < THIN_REQUESTS]
+    notes += [f"{load_text(p)}: no records, left out of the step fit (replayed below)"
+              for sw in sweeps for p in sw.without_records]
+    if "kv_read_eff" not in held and "kv_read_eff" in fit.held:
+        notes.append("kv_read_eff: these steps' contexts cannot tell the KV cache's read rate "
+                     "from the weights' (held at bandwidth_eff); fit on a sweep whose contexts "
+                     "are as long as those you will serve")
     notes += [f"{t.name} is weakly identified by these steps (kept near {t.value:.3g})"
               for t in fit.terms if t.weakly_identified]
-    errors = [compare_point(lp.point, replay(cal, hw, engine_settings(sw.doc.target), sw.doc,
-                                             lp.point), fitted_on=True)
-              for sw in sweeps for lp in sw.points]
+    fitted = {id(lp.point) for sw in sweeps for lp in sw.points}
+    errors = [compare_point(p, replay(cal, hw, engine_settings(sw.doc.target), sw.doc, p),
+                            fitted_on=id(p) in fitted)
+              for sw in sweeps for p in sw.doc.points
+              if p.valid]
     return {
         "schema": PROFILE_SCHEMA, "gpu": card.name, "model": mdl.name, "weights": w,
         "kv_cache": kv, "engine": target.engine, "engine_model": "vllm", "method": "steps",

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from chatfleet.core.engine.protocol import EngineModel
+from chatfleet.core.engine.protocol import EngineModel, EngineReadings
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.workload import ClosedLoop, OpenLoop, RequestSpec
 from chatfleet.twin.loop import Event, EventLoop
 
 Route = Callable[[RequestSpec, list[EngineModel]], int]
+# A step end event's payload, built in `kick` and `add_request` alone: (the replica's index, the
+# generation of its step in flight when the event was made). A plain tuple: _native.py says why.
+StepKey = tuple[int, int]
+StepEnd = Callable[[StepKey, float], Iterable[Event]]
 
 
 def route_by_user(spec: RequestSpec, replicas: list[EngineModel]) -> int:
@@ -60,7 +64,7 @@ class PointEvents:
             out.append(self.loop.at(nxt.scheduled_time, self.open_arrival, nxt))
         return out
 
-    def step_end(self, key: tuple[int, int], now: float) -> Iterable[Event]:
+    def step_end(self, key: StepKey, now: float) -> Iterable[Event]:
         i, gen = key
         if gen != self.step_gen[i]:
             return []  # a decode run that was cut short since
@@ -92,8 +96,7 @@ class PointEvents:
 
 
 def kick(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int, now: float,
-         horizon: float, step_end: Callable[[tuple[int, int], float], Iterable[Event]],
-         ) -> list[Event]:
+         horizon: float, step_end: StepEnd) -> list[Event]:
     """Start replica i's next step if it is idle with work; its end event carries a fresh
     generation number, so an end made stale by a cut decode run is skipped."""
     sched = scheds[i]
@@ -112,7 +115,7 @@ def kick(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int
 
 def add_request(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int], i: int,
                 req: EngineRequest, now: float, horizon: float,
-                step_end: Callable[[tuple[int, int], float], Iterable[Event]]) -> list[Event]:
+                step_end: StepEnd) -> list[Event]:
     """Hand `req` to replica i's scheduler: a decode run in progress must stop after the step
     running now (so the scheduler sees the request), an idle replica starts a step."""
     sched = scheds[i]
@@ -126,7 +129,7 @@ def add_request(loop: EventLoop, scheds: list[EngineModel], step_gen: list[int],
     return kick(loop, scheds, step_gen, i, now, horizon, step_end)
 
 
-def make_record(sched: EngineModel, replica: str, spec: RequestSpec, req: EngineRequest,
+def make_record(sched: EngineReadings, replica: str, spec: RequestSpec, req: EngineRequest,
                 request_id: str, arrived: float, outcome: str) -> RequestRecord:
     """The record of a request the engine model served (token times from its step log)."""
     times = sched.token_times(req)

@@ -45,7 +45,7 @@ from chatfleet.core.workload import (
     WorkloadConfig,
     driver_for,
 )
-from chatfleet.twin.events import add_request, kick, make_record
+from chatfleet.twin.events import StepKey, add_request, kick, make_record
 from chatfleet.twin.loop import Event, EventLoop
 from chatfleet.twin.run import PointRun, engine_block, gpu_block
 
@@ -113,11 +113,12 @@ class FleetConfig:
 class _Attempt:
     spec: RequestSpec
     attempt: int
-    replica: int | None
-    req: EngineRequest | None
-    offered: float  # when the gateway got it
-    admitted: float  # when the gateway admitted it
-    first_seen: bool  # its first token has reached the gateway (a reserve sample)
+    # its progress, which every attempt starts afresh (replace() makes the next attempt)
+    replica: int | None = field(init=False)
+    req: EngineRequest | None = field(init=False)
+    offered: float = field(init=False)  # when the gateway got it
+    admitted: float = field(init=False)  # when the gateway admitted it
+    first_seen: bool = field(init=False)  # its first token reached the gateway (a reserve sample)
 
     # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, spec: RequestSpec, attempt: int) -> None:
@@ -263,7 +264,7 @@ class _FleetRun:
     def kick(self, i: int, now: float) -> list[Event]:
         return kick(self.loop, self.scheds, self.step_gen, i, now, self.horizon, self.step_end)
 
-    def step_end(self, key: tuple[int, int], now: float) -> Iterable[Event]:
+    def step_end(self, key: StepKey, now: float) -> Iterable[Event]:
         i, gen = key
         if gen != self.step_gen[i]:
             return []

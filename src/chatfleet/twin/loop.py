@@ -63,10 +63,6 @@ class EventLoop:
             return
         self.now = max(self.now, until) if until != float("inf") else self.now
 
-    def next_time(self) -> float | None:
-        """When the next pending event happens (None if nothing is pending)."""
-        return self._heap[0][0] if self._heap else None
-
     def pending(self) -> int:
         return len(self._heap)
 

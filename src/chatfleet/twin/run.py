@@ -10,6 +10,7 @@ live in twin/events.py (compiled); this module sets a point up and summarises it
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ from chatfleet.core.engine.build import (
     build_engine,
     thermal_profile_of,
 )
-from chatfleet.core.engine.protocol import EngineModel
+from chatfleet.core.engine.protocol import EngineModel, EngineReadings
 from chatfleet.core.engine.steplog import KIND_CODES, StepLog
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.percentiles import time_weighted_percentile
@@ -117,7 +118,7 @@ def run_point(
     return PointRun(point, run.records, sched, loop.num_events)
 
 
-def engine_block(scheds: list[EngineModel], start: float, end: float) -> EngineBlock:
+def engine_block(scheds: Sequence[EngineReadings], start: float, end: float) -> EngineBlock:
     """What SGLang's decode log shows, read at decode steps after the warm-up (the largest
     over the replicas; sums for the counters). vLLM's steps all carry the running decodes, so
     every step but a prefill-only one counts there."""
@@ -146,7 +147,7 @@ def engine_block(scheds: list[EngineModel], start: float, end: float) -> EngineB
     )
 
 
-def gpu_block(spec: EngineSpec, scheds: list[EngineModel], start: float,
+def gpu_block(spec: EngineSpec, scheds: Sequence[EngineReadings], start: float,
               end: float) -> GpuBlock:
     """The card's clock, temperature and power over the window, as telemetry samples at a
     fixed interval would show them: every figure is weighted by time (each step by the part

@@ -1,7 +1,11 @@
 """The sampler: `TelemetrySampler` reads a source in the background while a run goes on, and
 `gpu_summary` turns its samples into the sweep contract's gpu block (`core.documents`'s
 `GpuBlock`, its median the twin's time-weighted one); `below_clock_floor`, the validity rule a
-run's median SM clock is held to, lives with the others in `core.measure.validity`."""
+run's median SM clock is held to, lives with the others in `core.measure.validity`.
+
+The sampler reads the time and waits through a `WallClock` (the system's by default), so that
+a test can run it on a clock it moves itself: exactly so many samples, exactly an interval
+apart, whatever the machine's load."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 import orjson
 
@@ -31,7 +35,26 @@ from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.measure.percentiles import percentiles, time_weighted_percentile
 from chatfleet.core.measure.validity import below_clock_floor
 
-__all__ = ["TelemetrySampler", "below_clock_floor", "gpu_summary"]
+__all__ = ["SystemWallClock", "TelemetrySampler", "WallClock", "below_clock_floor",
+           "gpu_summary"]
+
+
+class WallClock(Protocol):
+    """Where a component reads the wall clock and waits on it."""
+
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemWallClock:
+    """time.monotonic and asyncio.sleep."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
 
 def _p50(values: Sequence[float]) -> float | None:
@@ -73,9 +96,11 @@ def gpu_summary(samples: Sequence[TelemetrySample], start: float | None = None,
 
 class TelemetrySampler:
     """`async with TelemetrySampler(source, interval_s=0.1, clock=clock) as s:` samples in
-    the background until the block ends. Each read is bounded by `read_timeout_s`; a read that
-    fails is counted in `failures` (the last reason in `last_error`), never raised. At most
-    `max_samples` are kept in memory (the rest are counted in `dropped`; the file keeps all).
+    the background until the block ends (`clock`: model time; `wall_clock`: where it reads
+    the wall time and waits for the next sample, the system's unless a test gives another).
+    Each read is bounded by `read_timeout_s`; a read that fails is counted in `failures` (the
+    last reason in `last_error`), never raised. At most `max_samples` are kept in memory (the
+    rest are counted in `dropped`; the file keeps all).
     The source is opened on entry, so a source that cannot work at all (no NVML, no GPU)
     raises TelemetryUnavailable there, before the run."""
 
@@ -83,12 +108,13 @@ class TelemetrySampler:
                  interval_s: float = 0.1, clock: Clock | None = None,
                  path: str | Path | None = None, target: str | None = None,
                  read_timeout_s: float = 2.0, max_samples: int = 1_000_000,
-                 flush_every_s: float = 1.0) -> None:
+                 flush_every_s: float = 1.0, wall_clock: WallClock | None = None) -> None:
         if interval_s <= 0:
             raise ChatfleetError("the sampling interval must be positive")
         self.source = make_source(source, target)
         self.interval_s = interval_s
         self.clock = clock or Clock()
+        self.wall_clock: WallClock = wall_clock or SystemWallClock()
         self.path = Path(path) if path is not None else None
         self.read_timeout_s = read_timeout_s
         self.max_samples = max_samples
@@ -130,7 +156,7 @@ class TelemetrySampler:
             self._file = None
 
     async def sample_once(self) -> TelemetrySample | None:
-        wall0 = time.monotonic()
+        wall0 = self.wall_clock.monotonic()
         try:
             async with asyncio.timeout(self.read_timeout_s):
                 reading = await self.source.read()
@@ -144,7 +170,7 @@ class TelemetrySampler:
             self.failures += 1
             self.last_error = f"{type(exc).__name__}: {exc}"[:300]
             return None
-        wall = (wall0 + time.monotonic()) / 2
+        wall = (wall0 + self.wall_clock.monotonic()) / 2
         sample = TelemetrySample((wall - self.clock.t0) * self.clock.scale, wall, reading)
         if len(self.samples) < self.max_samples:
             self.samples.append(sample)
@@ -161,17 +187,18 @@ class TelemetrySampler:
             self._file.write(b"".join(self._buf))
             self._file.flush()
             self._buf.clear()
-        self._last_flush = time.monotonic()
+        self._last_flush = self.wall_clock.monotonic()
 
     async def _run(self) -> None:
-        next_at = time.monotonic()
+        wall = self.wall_clock
+        next_at = wall.monotonic()
         while True:
             await self.sample_once()
             next_at += self.interval_s
-            now = time.monotonic()
+            now = wall.monotonic()
             if next_at < now:  # fell behind: keep the cadence, do not burst
                 next_at = now
-            await asyncio.sleep(next_at - now)
+            await wall.sleep(next_at - now)
 
     def summary(self, start: float | None = None, end: float | None = None) -> GpuBlock:
         """The contract's gpu block over start <= t <= end (model time), with the source,

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 from chatfleet.core.cache.trace import Turn, check_trace, common_prefix_len, sessions_of, sort_trace
 from chatfleet.core.engine.build import EngineSpec
+from chatfleet.core.engine.eviction import EVICTION_POLICIES
 from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY, check_host_tier
-from chatfleet.core.engine.radix import EVICTION_POLICIES, RadixCache
+from chatfleet.core.engine.radix import RadixCache
 from chatfleet.core.errors import ChatfleetError
 
 DEFAULT_POLICY = "lru"

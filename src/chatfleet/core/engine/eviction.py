@@ -1,7 +1,9 @@
 """The eviction order of SGLang's radix cache: each policy's key, and the heap of candidates.
 
-Keys, smallest evicted first (`seq`, the node creation number, breaks ties; mru and filo break
-them newest first), as SGLang's eviction strategies (`mem_cache/evict_policy.py`) order nodes:
+Keys, smallest evicted first, as SGLang's eviction strategies (`mem_cache/evict_policy.py`)
+order nodes; each is (rank, time, seq): a rank where the policy has one (0 where not), then a
+time, then `seq`, the node creation number, which breaks ties (mru and filo break them newest
+first):
 
 - lru: last_access_time; mru: -last_access_time
 - fifo: creation_time; filo: -creation_time
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import cast
 
 from chatfleet.core.engine.tree_node import TreeNode
 from chatfleet.core.errors import ChatfleetError
@@ -26,11 +27,19 @@ EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "slru", "priority")
 
 SLRU_PROTECTED_HITS = 2  # SGLang's SLRUStrategy protected_threshold
 
-EvictKey = tuple[float, ...]
+# (rank, time, seq); a policy without a rank puts NO_RANK (one comparison of equal floats more
+# per sift than a shorter key, for one shape of entry)
+EvictKey = tuple[float, float, int]
+NO_RANK = 0.0
+
+# A LeafHeap entry (a plain tuple, built in LeafHeap.push alone: chatfleet/_native.py says why):
+# the node's key flat (a nested key tuple is compared twice, for equality then order, at every
+# sift), the entry's push number and the node.
+LeafEntry = tuple[float, float, int, int, TreeNode]
 
 
 def lru_key(node: TreeNode) -> EvictKey:
-    return (node.last_access_time, node.seq)
+    return (NO_RANK, node.last_access_time, node.seq)
 
 
 def lfu_key(node: TreeNode) -> EvictKey:
@@ -38,15 +47,15 @@ def lfu_key(node: TreeNode) -> EvictKey:
 
 
 def fifo_key(node: TreeNode) -> EvictKey:
-    return (node.creation_time, node.seq)
+    return (NO_RANK, node.creation_time, node.seq)
 
 
 def mru_key(node: TreeNode) -> EvictKey:
-    return (-node.last_access_time, -node.seq)
+    return (NO_RANK, -node.last_access_time, -node.seq)
 
 
 def filo_key(node: TreeNode) -> EvictKey:
-    return (-node.creation_time, -node.seq)
+    return (NO_RANK, -node.creation_time, -node.seq)
 
 
 def slru_key(node: TreeNode) -> EvictKey:
@@ -85,18 +94,17 @@ class LeafHeap:
     of a heap built from the current leaves at evict time (SGLang rebuilds one every call),
     without rebuilding it every call.
 
-    An entry is the node's key, its push number and the node, in one flat tuple (a nested key
-    tuple is compared twice, for equality then order, at every sift). `members` maps each
-    member to the push number of its newest entry, so an entry is current when its number is
-    its node's: every change of a member's key pushes (`RadixCache._touch`), and keys end with
-    the node's unique `seq`, so this is the entry whose key is the node's key now."""
+    An entry is a LeafEntry. `members` maps each member to the push number of its newest
+    entry, so an entry is current when its number is its node's: every change of a member's
+    key pushes (`RadixCache._touch`), and keys end with the node's unique `seq`, so this is the
+    entry whose key is the node's key now."""
 
     __slots__ = ("_entries", "_num_pushed", "key_of", "members")
 
     def __init__(self, key_of: Callable[[TreeNode], EvictKey]) -> None:
         self.key_of = key_of
         self.members: dict[TreeNode, int] = {}
-        self._entries: list[tuple[object, ...]] = []
+        self._entries: list[LeafEntry] = []
         self._num_pushed = 0
 
     def add(self, node: TreeNode) -> None:
@@ -113,9 +121,8 @@ class LeafHeap:
     def pop(self) -> TreeNode | None:
         members = self.members
         while self._entries:
-            entry = heapq.heappop(self._entries)
-            node = cast(TreeNode, entry[-1])
-            if members.get(node, -1) == entry[-2]:
+            _, _, _, pushed, node = heapq.heappop(self._entries)
+            if members.get(node, -1) == pushed:
                 del members[node]
                 return node
         return None
@@ -126,14 +133,15 @@ class LeafHeap:
 
     def push(self, node: TreeNode) -> None:
         """A fresh entry for a member whose key changed (or that just joined)."""
-        self._num_pushed += 1
-        self.members[node] = self._num_pushed
-        heapq.heappush(self._entries, (*self.key_of(node), self._num_pushed, node))
+        heapq.heappush(self._entries, self._entry(node))
         if len(self._entries) > 2 * len(self.members) + 64:  # drop stale entries
-            entries: list[tuple[object, ...]] = []
-            for x in self.members:
-                self._num_pushed += 1
-                self.members[x] = self._num_pushed
-                entries.append((*self.key_of(x), self._num_pushed, x))
+            entries = [self._entry(x) for x in list(self.members)]
             heapq.heapify(entries)
             self._entries = entries
+
+    def _entry(self, node: TreeNode) -> LeafEntry:
+        """The node's newest entry (it becomes the member's current one)."""
+        self._num_pushed += 1
+        self.members[node] = self._num_pushed
+        rank, time, seq = self.key_of(node)
+        return (rank, time, seq, self._num_pushed, node)

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chatfleet.core.engine.radix import RadixCache, TreeNode
+from chatfleet.core.engine.radix import RadixCache
+from chatfleet.core.engine.tree_node import TreeNode
 from chatfleet.core.errors import ChatfleetError
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")

@@ -20,7 +20,7 @@ directly (vllm_scheduler.py).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from chatfleet.core.engine.block_pool import (
@@ -47,19 +47,21 @@ class VLLMRequest:
 
     req: EngineRequest
     tokens: bytes  # prompt + every output it will produce, as token_bytes (hashed by prefix)
-    keys: list[int]  # chained hashes of its full blocks so far
-    blocks: list[Block]  # its leading cached blocks
-    num_blocks: int  # blocks held (cached + not); derived while decoding
-    num_computed: int  # vLLM's num_computed_tokens; derived while decoding
-    generated: int  # tokens sampled so far; derived while decoding
-    mode: Mode
-    phase: int  # decoding: (computed tokens - global step) mod block size
     ready: float  # when the API server has handed it to the engine core
+    # its state in the engine, which starts empty (replace() gives it back unscheduled)
+    keys: list[int] = field(init=False)  # chained hashes of its full blocks so far
+    blocks: list[Block] = field(init=False)  # its leading cached blocks
+    num_blocks: int = field(init=False)  # blocks held (cached + not); derived while decoding
+    num_computed: int = field(init=False)  # num_computed_tokens; derived while decoding
+    generated: int = field(init=False)  # tokens sampled so far; derived while decoding
+    mode: Mode = field(init=False)
+    phase: int = field(init=False)  # decoding: (computed tokens - global step) mod block size
 
     # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, req: EngineRequest, tokens: bytes, ready: float = 0.0) -> None:
         self.req = req
         self.tokens = tokens
+        self.ready = ready
         self.keys = []
         self.blocks = []
         self.num_blocks = 0
@@ -67,7 +69,6 @@ class VLLMRequest:
         self.generated = 0
         self.mode = "waiting"
         self.phase = 0
-        self.ready = ready
 
     @property
     def num_tokens(self) -> int:

@@ -1,7 +1,9 @@
 """The interface every engine model offers to the shells that drive it: the twin's event loop
-(twin/run.py, twin/fleet.py) and the simserver (simserver/replica.py). Two models implement
-it: SGLang v0.5's prefill-first scheduler (scheduler.Scheduler) and vLLM 0.26's token-budget
-scheduler (vllm_scheduler.VLLMScheduler); build.build_engine picks one from the spec.
+(twin/run.py, twin/fleet.py) and the simserver (simserver/replica.py), in two parts: what
+drives it (EngineControls) and what it reports (EngineReadings). Two models implement it on
+one lifecycle (base_scheduler.BaseScheduler): SGLang v0.5's prefill-first scheduler
+(scheduler.Scheduler) and vLLM 0.26's token-budget scheduler (vllm_scheduler.VLLMScheduler);
+build.build_engine picks one from the spec.
 
 A shell's loop, in any clock:
 
@@ -29,10 +31,43 @@ class PricesSteps(Protocol):
     def recompute_s(self, tokens: int) -> float: ...
 
 
-class EngineModel(Protocol):
+class EngineControls(Protocol):
+    """What drives an engine: requests in and out, and the step loop (the twin's events,
+    the simserver's replica)."""
+
+    in_flight: Step | None  # the step running now
+
+    def check_request(self, prompt_len: int, max_new_tokens: int) -> str | None: ...
+
+    def max_new_tokens_room(self, prompt_len: int) -> int: ...  # the most check_request takes
+
+    def add_request(self, req: EngineRequest, now: float) -> None: ...
+
+    def abort(self, rid: str) -> EngineRequest | None: ...
+
+    def flush(self) -> bool: ...
+
+    def has_work(self) -> bool: ...
+
+    def schedule(self, now: float, horizon: float | None = None) -> Step | None: ...
+
+    def truncate_decode_run(self, t: float) -> float | None: ...
+
+    # when a waiting request becomes schedulable (vLLM's API-server hand-over); an idle shell
+    # whose schedule() gave None calls schedule again then
+    def next_ready_time(self) -> float | None: ...
+
+    def advance_idle(self, now: float) -> None: ...
+
+    def complete(self, now: float) -> StepResult: ...
+
+
+class EngineReadings(Protocol):
+    """What an engine reports: who got tokens and when, and its gauges and counters (the
+    twin's point blocks, the simserver's /metrics and server info)."""
+
     engine_name: str  # "sglang" or "vllm"
     thermal: ThermalState | None
-    in_flight: Step | None
     log: StepLog  # one entry per step (a decode run leaves one per step it ran)
     num_prefill_input_tokens: int  # prompt tokens at first admission, since the start
     num_prefill_cached_tokens: int  # of those, found in the prefix cache
@@ -50,18 +85,6 @@ class EngineModel(Protocol):
     @property
     def num_evicted_tokens(self) -> int: ...
 
-    def check_request(self, prompt_len: int, max_new_tokens: int) -> str | None: ...
-
-    def max_new_tokens_room(self, prompt_len: int) -> int: ...  # the most check_request takes
-
-    def add_request(self, req: EngineRequest, now: float) -> None: ...
-
-    def abort(self, rid: str) -> EngineRequest | None: ...
-
-    def flush(self) -> bool: ...
-
-    def has_work(self) -> bool: ...
-
     def num_running(self) -> int: ...
 
     def num_queued(self) -> int: ...
@@ -72,20 +95,12 @@ class EngineModel(Protocol):
 
     def prefix_cache_counters(self) -> tuple[int, int]: ...  # (tokens looked up, found)
 
-    def schedule(self, now: float, horizon: float | None = None) -> Step | None: ...
-
-    def truncate_decode_run(self, t: float) -> float | None: ...
-
-    # when a waiting request becomes schedulable (vLLM's API-server hand-over); an idle shell
-    # whose schedule() gave None calls schedule again then
-    def next_ready_time(self) -> float | None: ...
-
-    def advance_idle(self, now: float) -> None: ...
-
-    def complete(self, now: float) -> StepResult: ...
-
     def step_tokens(self, result: StepResult) -> list[EngineRequest]: ...
 
     def decoding_requests(self) -> list[EngineRequest]: ...
 
     def token_times(self, req: EngineRequest) -> array[float]: ...
+
+
+class EngineModel(EngineControls, EngineReadings, Protocol):
+    """Both: what build_engine returns and a shell holds."""

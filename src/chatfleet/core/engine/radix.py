@@ -33,19 +33,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from chatfleet.core.engine.eviction import EVICTION_POLICIES, LeafHeap, evict_key
+from chatfleet.core.engine.eviction import LeafHeap, evict_key
+from chatfleet.core.engine.request import as_tokens
 from chatfleet.core.engine.tree_node import TreeNode
-
-__all__ = ["EVICTION_POLICIES", "MatchResult", "RadixCache", "TreeNode", "as_tokens"]
-
-Tokens = array  # array('q'): int64 token ids; slices and comparisons run in C (memcmp-like)
-
-
-def as_tokens(tokens: Sequence[int]) -> array[int]:
-    """Token ids as array('q'). Pass arrays to the cache to skip this copy."""
-    if type(tokens) is array and tokens.typecode == "q":
-        return tokens
-    return array("q", tokens)
 
 
 class MatchResult:

@@ -12,6 +12,15 @@ if TYPE_CHECKING:
 ReqState = Literal["waiting", "prefilling", "running", "finished", "aborted"]
 
 
+def as_tokens(tokens: Sequence[int]) -> array[int]:
+    """Token ids as array('q') (int64: slices and comparisons run in C, memcmp-like), the form
+    the engines keep a request's tokens in and the radix cache compares. An array('q') is
+    returned as it is: pass arrays to skip this copy."""
+    if type(tokens) is array and tokens.typecode == "q":
+        return tokens
+    return array("q", tokens)
+
+
 # Segment and EngineRequest are plain classes, not dataclasses: chatfleet/_native.py says why
 # (the twin makes one a request).
 

@@ -31,13 +31,11 @@ running sums. Token times are the global step end times from `join_step` on. Wit
 
 from __future__ import annotations
 
-import bisect
-import heapq
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chatfleet.core.engine.decode_run import advance_thermal, run_ends
+from chatfleet.core.engine.base_scheduler import BaseScheduler
+from chatfleet.core.engine.decode_run import run_ends
 from chatfleet.core.engine.host_tier import (
     DEFAULT_WRITE_POLICY,
     LOAD_BACK_THRESHOLD,
@@ -46,11 +44,10 @@ from chatfleet.core.engine.host_tier import (
 )
 from chatfleet.core.engine.kv_pool import KVPool
 from chatfleet.core.engine.prefill_adder import CLIP_MAX_NEW_TOKENS, PrefillAdder
-from chatfleet.core.engine.radix import as_tokens
-from chatfleet.core.engine.request import EngineRequest, Segment
+from chatfleet.core.engine.request import EngineRequest, as_tokens
 from chatfleet.core.engine.step import Step, StepResult
 from chatfleet.core.engine.step_time import StepTimeModel
-from chatfleet.core.engine.steplog import NO_THERMAL, StepLog, ThermalFigures
+from chatfleet.core.engine.steplog import ThermalFigures
 from chatfleet.core.engine.thermal import ThermalState
 from chatfleet.core.errors import ChatfleetError
 
@@ -90,14 +87,17 @@ class SchedulerConfig:
         return self.max_running_requests or max(1, self.pool_tokens // 2)
 
 
-class Scheduler:
+class Scheduler(BaseScheduler):
+    """SGLang's rules on the shared lifecycle (base_scheduler.py): a prefill round or a decode
+    step, retraction by output so far, the radix tree."""
+
     engine_name = "sglang"
 
     def __init__(self, cfg: SchedulerConfig, step_model: StepTimeModel,
                  thermal: ThermalState | None = None) -> None:
+        super().__init__(thermal)
         self.cfg = cfg
         self.step_model = step_model
-        self.thermal = thermal
         self.pool = KVPool(cfg.pool_tokens)
         self.tree = make_tree(cfg.eviction_policy, cfg.host_pool_tokens, cfg.hicache_write_policy)
         self._evicting_waits = self.tree.has_host_tier and cfg.hicache_write_policy == \
@@ -105,36 +105,17 @@ class Scheduler:
         self.waiting: list[EngineRequest] = []
         self.running: dict[str, EngineRequest] = {}
         self.chunked: EngineRequest | None = None
-        self.in_flight: Step | None = None
         self.new_token_ratio = cfg.init_new_token_ratio
         self.ratio_decay = (cfg.init_new_token_ratio - cfg.min_new_token_ratio) / max(
             1, cfg.new_token_ratio_decay_steps)
-        self.num_decode_steps = 0  # completed
-        self.step_end_times = array("d")  # every decode step's end time
-        self.log = StepLog()
-        self._finish_heap: list[tuple[int, int, int, EngineRequest]] = []
-        self._seq = 0
         # running sums over `running` (decode requests)
         self._sum_fill = 0
         self._sum_join = 0
         self._sum_gen_base = 0
         self._sum_max_new = 0
-        self._busy_until = 0.0
-        self.num_prefill_input_tokens = 0
-        self.num_prefill_cached_tokens = 0
-        self.num_retractions = 0
-        self._pending_retracted: list[EngineRequest] = []
 
     # --- requests in and out -------------------------------------------------------------
-    def check_request(self, prompt_len: int, max_new_tokens: int) -> str | None:
-        """Why this request can never run here, or None."""
-        if prompt_len <= 0:
-            return "the prompt is empty"
-        if max_new_tokens <= 0:
-            return "max_new_tokens must be positive"
-        if prompt_len + max_new_tokens > self.cfg.context_length:
-            return (f"prompt ({prompt_len}) plus max_new_tokens ({max_new_tokens}) exceeds the "
-                    f"context length ({self.cfg.context_length})")
+    def _pool_refusal(self, prompt_len: int, max_new_tokens: int) -> str | None:
         if prompt_len + max_new_tokens >= self.pool.capacity_tokens:
             # admission needs prompt + max_new strictly below the budget, so an empty pool
             # of exactly this size could never take it
@@ -142,18 +123,11 @@ class Scheduler:
                     f"the KV pool ({self.pool.capacity_tokens} tokens)")
         return None
 
-    def add_request(self, req: EngineRequest, now: float) -> None:
-        why = self.check_request(req.prompt_len, req.max_new_tokens)
-        if why is not None:
-            raise ValueError(why)
-        if req.output_len < 1 or req.output_len > req.max_new_tokens:
-            raise ValueError("output_ids must hold between 1 and max_new_tokens tokens")
-        req.arrival_time = now
-        req.state = "waiting"
-        req.prompt = as_tokens(req.prompt)
-        req.output_ids = as_tokens(req.output_ids)
-        req.fill = req.prompt
+    def _enqueue(self, req: EngineRequest, now: float) -> None:
         self.waiting.append(req)
+
+    def is_running(self, rid: str) -> bool:
+        return rid in self.running
 
     def abort(self, rid: str) -> EngineRequest | None:
         """Drop a request wherever it is and free its KV at once."""
@@ -173,7 +147,7 @@ class Scheduler:
             self._leave_running(req)
             self._release(req, own=self._own_decode_slots(req))
             req.state = "aborted"
-            req.close_segment(self.num_decode_steps)
+            req.close_segment(self.num_steps)
             return req
         if self.in_flight is not None:
             for req, _ in self.in_flight.batch:
@@ -210,12 +184,12 @@ class Scheduler:
 
     def _own_decode_slots(self, req: EngineRequest) -> int:
         # a decode step in flight holds one slot per request: a run's first step's
-        steps_allocated = self.num_decode_steps + (
+        steps_allocated = self.num_steps + (
             1 if self.in_flight is not None and self.in_flight.kind == "decode" else 0)
         return steps_allocated - req.join_step
 
     def _generated(self, req: EngineRequest) -> int:
-        return req.gen_base + self.num_decode_steps - req.join_step
+        return req.gen_base + self.num_steps - req.join_step
 
     def _release(self, req: EngineRequest, own: int) -> None:
         if own:
@@ -225,25 +199,24 @@ class Scheduler:
             req.prefix_node = None
             req.prefix_len = 0
 
+    def fits(self, tokens: int) -> bool:
+        """Whether `tokens` fit the free slots and what the tree could evict for them."""
+        return self.pool.can_allocate(tokens, self.tree.total_size(), self.tree.evictable_size())
+
     def ensure_free(self, tokens: int, now: float) -> None:
-        short = tokens - (self.pool.capacity_tokens - self.tree.total_size()
-                          - self.pool.num_request_tokens)
+        short = tokens - self.free_tokens()
         if short > 0:
             self.tree.evict(short, now)
-            if self.free_tokens() < tokens:
+            if not self.pool.can_allocate(tokens, self.tree.total_size()):
                 raise RuntimeError("KV pool exhausted: admission let in more than fits")
 
     def _enter_running(self, req: EngineRequest) -> None:
-        req.state = "running"
-        req.join_step = self.num_decode_steps
+        self._start_decoding(req)
         self.running[req.rid] = req
         self._sum_fill += len(req.fill)
         self._sum_join += req.join_step
         self._sum_gen_base += req.gen_base
         self._sum_max_new += min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS)
-        finish_step = req.join_step + req.output_len - req.gen_base - 1
-        self._seq += 1
-        heapq.heappush(self._finish_heap, (finish_step, self._seq, req.join_step, req))
 
     def _leave_running(self, req: EngineRequest) -> None:
         self._sum_fill -= len(req.fill)
@@ -256,29 +229,16 @@ class Scheduler:
     def reserved_for_running(self) -> float:
         """What the running requests may still decode, times new_token_ratio."""
         n = len(self.running)
-        generated = self._sum_gen_base + n * self.num_decode_steps - self._sum_join
+        generated = self._sum_gen_base + n * self.num_steps - self._sum_join
         return max(0, self._sum_max_new - generated) * self.new_token_ratio
 
     # --- scheduling ----------------------------------------------------------------------
-    def schedule(self, now: float, horizon: float | None = None) -> Step | None:
-        """Choose the next batch, reserve its KV, and return it with its modelled duration.
-
-        With a `horizon` (a virtual-time loop's stop time), a decode step may be extended into
-        a run of consecutive decode steps, up to the first request that finishes or the last
-        step that ends by the horizon. Nothing inside the engine can change between them;
-        when something arrives from outside, the loop calls `truncate_decode_run`, so the run
-        gives what single steps give (the thermal model, when on, steps along the run:
-        decode_run.py). Without a horizon (a live server) every step is its own."""
-        if self.in_flight is not None:
-            raise RuntimeError("a step is already running")
-        if self.thermal is not None and now > self._busy_until:
-            self.thermal.advance(now - self._busy_until, 0.0)
-            self._busy_until = now
+    def _next_step(self, now: float, horizon: float | None) -> Step | None:
+        """Prefill first: a prefill round when one can be formed, else a decode step (a run
+        of them with a horizon) when anything runs."""
         step = self._schedule_prefill(now)
         if step is None and self.running:
             step = self._schedule_decode(now, horizon)
-        if step is not None:
-            self.in_flight = step
         return step
 
     def _queue_order(self, now: float) -> list[EngineRequest]:
@@ -337,10 +297,10 @@ class Scheduler:
                 raise RuntimeError("retraction left nothing schedulable")
             return step
         # each request attends over its prefill, its decoded tokens and the token of this step
-        kv_tokens = self._sum_fill + n * (self.num_decode_steps + 1) - self._sum_join
+        kv_tokens = self._sum_fill + n * (self.num_steps + 1) - self._sum_join
         max_steps = 1
         if horizon is not None and not self.waiting and self.chunked is None and not retracted:
-            to_finish = self._finish_heap[0][0] - self.num_decode_steps + 1
+            to_finish = self._next_finish_step() - self.num_steps + 1
             # write-back makes an eviction cost time: a run then takes no step that evicts
             evictable = 0 if self._evicting_waits else self.tree.evictable_size()
             max_steps = max(1, min(to_finish, (self.free_tokens() + evictable) // n))
@@ -352,14 +312,12 @@ class Scheduler:
         ends = run_ends(self.step_model.decode_s, n, kv_tokens, now + self._write_back_wait(),
                         max_steps, float("inf") if horizon is None else horizon, self.thermal)
         t = ends[-1]
-        step = Step("decode", now, t - now, num_decode=n, num_waiting=len(self.waiting),
+        return Step("decode", now, t - now, num_decode=n, num_waiting=len(self.waiting),
                     decode_ends=ends)
-        self._pending_retracted = retracted
-        return step
 
     def _retract_if_needed(self, now: float) -> list[EngineRequest]:
         n = len(self.running)
-        if self.free_tokens() + self.tree.evictable_size() >= n:
+        if self.fits(n):
             return []
         cfg = self.cfg
         order = sorted(
@@ -369,74 +327,31 @@ class Scheduler:
         )
         retracted: list[EngineRequest] = []
         while order and len(order) > 1:
-            if self.free_tokens() + self.tree.evictable_size() >= cfg.retract_decode_steps * len(
-                    order):
+            if self.fits(cfg.retract_decode_steps * len(order)):
                 break
             req = order.pop()
             generated = self._generated(req)
             del self.running[req.rid]
             self._leave_running(req)
             self._release(req, own=self._own_decode_slots(req))
-            req.close_segment(self.num_decode_steps)
-            req.state = "waiting"
-            req.fill = as_tokens(req.prompt) + as_tokens(req.output_ids)[:generated]
-            req.gen_base = generated
-            req.num_computed = 0
-            req.num_retractions += 1
-            self.num_retractions += 1
+            self._requeue(req, generated)
             retracted.append(req)
         self.waiting.extend(retracted)  # back of the queue (_extend_requests_to_queue)
         total_max_new = self._sum_max_new
-        decoded = self._sum_gen_base + len(self.running) * self.num_decode_steps - self._sum_join
+        decoded = self._sum_gen_base + len(self.running) * self.num_steps - self._sum_join
         if total_max_new > 0:
             self.new_token_ratio = min(
                 1.0, (decoded + cfg.retract_decode_steps * len(self.running)) / total_max_new)
         return retracted
-
-    def truncate_decode_run(self, t: float) -> float | None:
-        """Something arrived at `t` during a decode run: cut the run after the step running at
-        `t`, as single steps would have let the scheduler look again there. Returns the run's
-        new end, or None when nothing changed."""
-        step = self.in_flight
-        if step is None or step.kind != "decode" or len(step.decode_ends) <= 1:
-            return None
-        ends = step.decode_ends
-        keep = bisect.bisect_left(ends, t) + 1
-        if keep >= len(ends):
-            return None
-        del ends[keep:]
-        step.duration = ends[-1] - step.start
-        return ends[-1]
-
-    def advance_idle(self, now: float) -> None:
-        """Let an idle card cool until `now` (the thermal model moves only with steps)."""
-        if self.thermal is not None and self.in_flight is None and now > self._busy_until:
-            self.thermal.advance(now - self._busy_until, 0.0)
-            self._busy_until = now
 
     def _write_back_wait(self) -> float:
         """The wait for the host copies that this step's evictions made (write-back only:
         HiRadixCache.evict blocks until they are written)."""
         return self.step_model.host_transfer_s(self.tree.take_write_back_tokens())
 
-    def _clock_factors(self) -> tuple[float, float]:
-        if self.thermal is None:
-            return 1.0, 1.0
-        return self.thermal.sm_factor, self.thermal.mem_factor
-
     # --- completing a step ---------------------------------------------------------------
-    def complete(self, now: float) -> StepResult:
-        """Apply the in-flight step's effects at its end time `now`."""
-        step = self.in_flight
-        if step is None:
-            raise RuntimeError("no step is running")
-        self.in_flight = None
-        if self.thermal is not None:
-            thermal = advance_thermal(self.thermal, step, now)
-            self._busy_until = now
-        else:
-            thermal = [NO_THERMAL] * max(1, len(step.decode_ends))
-        result = StepResult(step)
+    def _apply(self, step: Step, now: float, result: StepResult,
+               thermal: list[ThermalFigures]) -> None:
         if step.kind == "prefill":
             self._complete_prefill(step, now, result)
             self.log.add(now, "prefill", len(step.batch), step.num_prefill_tokens, 0,
@@ -444,9 +359,6 @@ class Scheduler:
                          self._hit_rate(), thermal[0], step.duration)
         else:
             self._complete_decode(step, now, result, thermal)
-            result.retracted = self._pending_retracted
-            self._pending_retracted = []
-        return result
 
     def _complete_prefill(self, step: Step, now: float, result: StepResult) -> None:
         for req, extend in step.batch:
@@ -481,12 +393,9 @@ class Scheduler:
             if self.chunked is req:
                 self.chunked = None
             req.gen_base += 1
-            req.segments.append(Segment(now, self.num_decode_steps))
-            if req.first_token_time is None:
-                req.first_token_time = now
-            result.first_tokens.append(req)
+            self._first_token(req, now, result)
             if req.gen_base >= req.output_len:
-                req.close_segment(self.num_decode_steps)
+                req.close_segment(self.num_steps)
                 self._finish(req, now, result)
             else:
                 self._enter_running(req)
@@ -508,23 +417,19 @@ class Scheduler:
         self.log.add_run(step.start, ends, "decode", n, 0, n, len(self.running),
                          step.num_waiting, [(used - n * (k - 1 - j)) / cap for j in range(k)],
                          self._hit_rate(), thermal)
-        self.num_decode_steps += k
-        self.step_end_times.extend(step.decode_ends)
+        self._count_steps(step)
         if not self.running:
             self.new_token_ratio = self.cfg.init_new_token_ratio
-        elif not self._pending_retracted:  # the retraction step keeps its reset value
+        elif not self._retracted:  # the retraction step keeps its reset value
             self.new_token_ratio = max(self.cfg.min_new_token_ratio,
                                        self.new_token_ratio - k * self.ratio_decay)
-        last = self.num_decode_steps - 1
-        heap = self._finish_heap
-        while heap and heap[0][0] <= last:
-            _, _, join, req = heapq.heappop(heap)
-            if req.state != "running" or req.join_step != join or req.rid not in self.running:
-                continue  # stale: retracted or aborted since
+        req = self._pop_finished()
+        while req is not None:
             del self.running[req.rid]
             self._leave_running(req)
-            req.close_segment(self.num_decode_steps)
-            self._finish(req, now, result, own=self.num_decode_steps - req.join_step)
+            req.close_segment(self.num_steps)
+            self._finish(req, now, result, own=self.num_steps - req.join_step)
+            req = self._pop_finished()
 
     def _finish(self, req: EngineRequest, now: float, result: StepResult, own: int = 0) -> None:
         # cache_finished_req: prompt + outputs but the last (which has no KV) join the tree;
@@ -537,18 +442,7 @@ class Scheduler:
             self.tree.insert(as_tokens(req.prompt) + as_tokens(req.output_ids)[
                 : req.output_len - 1], now, req.priority)
         self._release(req, own=own)
-        req.state = "finished"
-        req.finish_time = now
-        result.finished.append(req)
-
-    def _hit_rate(self) -> float:
-        return (self.num_prefill_cached_tokens / self.num_prefill_input_tokens
-                if self.num_prefill_input_tokens else 0.0)
-
-    # --- results -------------------------------------------------------------------------
-    def token_times(self, req: EngineRequest) -> array[float]:
-        """Every output token's emission time (first included), from the step log."""
-        return req.token_times(self.step_end_times, self.num_decode_steps)
+        self._finished(req, now, result)
 
     # --- the engine-model interface (protocol.py) ----------------------------------------
     @property
@@ -576,10 +470,6 @@ class Scheduler:
 
     def decoding_requests(self) -> list[EngineRequest]:
         return list(self.running.values())
-
-    def next_ready_time(self) -> float | None:
-        """Every request is schedulable as it arrives: no wake-up is ever needed."""
-        return None
 
     def prefix_cache_counters(self) -> tuple[int, int]:
         """(prompt tokens, of those cached), counted once per request at admission."""

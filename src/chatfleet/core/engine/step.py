@@ -18,14 +18,13 @@ class Step:
     Step and StepResult are plain classes, not dataclasses (one of each per engine step):
     chatfleet/_native.py says why."""
 
-    __slots__ = ("batch", "decode_ends", "decode_reqs", "duration", "kind", "num_cached_tokens",
-                 "num_decode", "num_prefill_tokens", "num_waiting", "start")
+    __slots__ = ("batch", "decode_ends", "duration", "kind", "num_cached_tokens", "num_decode",
+                 "num_prefill_tokens", "num_waiting", "start")
 
     def __init__(self, kind: StepKind, start: float, duration: float, *,
                  batch: list[tuple[EngineRequest, int]] | None = None, num_decode: int = 0,
                  num_prefill_tokens: int = 0, num_cached_tokens: int = 0, num_waiting: int = 0,
-                 decode_ends: list[float] | None = None,
-                 decode_reqs: list[EngineRequest] | None = None) -> None:
+                 decode_ends: list[float] | None = None) -> None:
         self.kind = kind
         self.start = start
         self.duration = duration
@@ -36,9 +35,6 @@ class Step:
         self.num_waiting = num_waiting  # queue at scheduling time: what could not be admitted
         # end times of consecutive decode steps run as one (see the schedulers' `schedule`)
         self.decode_ends = [] if decode_ends is None else decode_ends
-        # vLLM: the requests that decode in this step (SGLang: empty, its decode batch is
-        # `running`)
-        self.decode_reqs = [] if decode_reqs is None else decode_reqs
 
     @property
     def end(self) -> float:

@@ -46,6 +46,9 @@ class StepConstants:
     # share of the PCIe link's rate a host-tier copy reaches (calibration.py's
     # ASSUMED_HOST_IO_EFF; 1.0 here is the link's whole rate, for hand-made constants)
     host_io_eff: float = 1.0
+    # share of datasheet bandwidth the attention kernels reach reading the KV cache (paged,
+    # per sequence); None: bandwidth_eff's, as the built-in calibrations assume
+    kv_read_eff: float | None = None
 
 
 class StepTimeModel:
@@ -58,7 +61,8 @@ class StepTimeModel:
         self.bytes_per_s = bw
         self.weights_s = model.streamed_weight_bytes(prec.weights) / bw
         self.kv_bytes_per_token = model.kv_bytes_per_token(prec.kv_cache)
-        self.kv_read_s_per_token = self.kv_bytes_per_token / bw
+        kv_bw = bw if c.kv_read_eff is None else gpu.bandwidth_gbs * 1e9 * c.kv_read_eff
+        self.kv_read_s_per_token = self.kv_bytes_per_token / kv_bw
         self.gemm_flops_per_s = gpu.tflops(prec.weights) * 1e12 * c.gemm_eff
         self.attn_flops_per_s = gpu.bf16_tflops * 1e12 * c.attn_eff
         self.decode_flop_s_per_token = 2.0 * (model.linear_params + model.vocab_size

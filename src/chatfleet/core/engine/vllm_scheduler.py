@@ -51,55 +51,46 @@ only decodes run: they only take blocks). The thermal model, when on, steps alon
 
 from __future__ import annotations
 
-import bisect
-import heapq
-from array import array
 from collections import deque
 
-from chatfleet.core.engine.decode_run import advance_thermal, run_ends
+from chatfleet.core.engine.base_scheduler import BaseScheduler
+from chatfleet.core.engine.decode_run import run_ends
 from chatfleet.core.engine.handover import HandOver
 from chatfleet.core.engine.kv_cache_manager import KVCacheManager, VLLMRequest, cdiv
 from chatfleet.core.engine.mixed_step import MixedStepModel
-from chatfleet.core.engine.radix import as_tokens
-from chatfleet.core.engine.request import EngineRequest, Segment
+from chatfleet.core.engine.request import EngineRequest, as_tokens
 from chatfleet.core.engine.step import Step, StepKind, StepResult
 from chatfleet.core.engine.step_time import attention_pairs
-from chatfleet.core.engine.steplog import NO_THERMAL, StepLog, ThermalFigures
+from chatfleet.core.engine.steplog import ThermalFigures
 from chatfleet.core.engine.thermal import ThermalState
 from chatfleet.core.engine.vllm_config import VLLMConfig
 
 
-class VLLMScheduler:
+class VLLMScheduler(BaseScheduler):
+    """vLLM's rules on the shared lifecycle (base_scheduler.py): a token budget over running
+    requests then waiting ones, preemption of the newest, the block prefix cache."""
+
     engine_name = "vllm"
+    context_name = "maximum model length"
 
     def __init__(self, cfg: VLLMConfig, step_model: MixedStepModel,
                  thermal: ThermalState | None = None) -> None:
+        super().__init__(thermal)
         self.cfg = cfg
         self.step_model = step_model
-        self.thermal = thermal
         self.kv = KVCacheManager(cfg.num_gpu_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.pool = self.kv.pool
         self.waiting: deque[VLLMRequest] = deque()
         self.running: dict[str, VLLMRequest] = {}  # insertion order: vLLM's `running` list
-        self.in_flight: Step | None = None
-        self.num_steps = 0  # completed steps (a decode run counts each of its steps)
-        self.step_end_times = array("d")  # every decode step's end time
-        self.log = StepLog()
-        # decoding requests: counts by phase, running sums, finish heap
+        # decoding requests: counts by phase, running sums
         bs = cfg.block_size
         self._phase_count = [0] * bs
         self._num_decoding = 0
         self._sum_ctx_base = 0  # sum over decodes of (computed tokens - global step)
-        self._finish_heap: list[tuple[int, int, int, VLLMRequest]] = []
-        self._seq_no = 0
         self._prefilling: list[VLLMRequest] = []  # running requests still prefilling, in order
         self._pending: list[tuple[VLLMRequest, int, int, bool]] = []  # in-flight chunks
-        self._pending_preempted: list[EngineRequest] = []
-        self._busy_until = 0.0
         self.handover = HandOver(cfg.frontend_s, cfg.frontend_delay_s, cfg.async_scheduling)
-        self.num_prefill_input_tokens = 0
-        self.num_prefill_cached_tokens = 0
-        self.num_retractions = 0  # preemptions (vllm:num_preemptions)
+        # num_retractions counts preemptions (vllm:num_preemptions)
         # vllm:prefix_cache_queries / hits: every lookup of a request not preempted before
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
@@ -150,14 +141,7 @@ class VLLMScheduler:
         return out
 
     # --- requests in and out -------------------------------------------------------------
-    def check_request(self, prompt_len: int, max_new_tokens: int) -> str | None:
-        if prompt_len <= 0:
-            return "the prompt is empty"
-        if max_new_tokens <= 0:
-            return "max_new_tokens must be positive"
-        if prompt_len + max_new_tokens > self.cfg.max_model_len:
-            return (f"prompt ({prompt_len}) plus max_new_tokens ({max_new_tokens}) exceeds the "
-                    f"maximum model length ({self.cfg.max_model_len})")
+    def _pool_refusal(self, prompt_len: int, max_new_tokens: int) -> str | None:
         usable = self.pool.num_usable * self.cfg.block_size
         if prompt_len + max_new_tokens > usable:
             return (f"prompt ({prompt_len}) plus max_new_tokens ({max_new_tokens}) does not fit "
@@ -168,19 +152,10 @@ class VLLMScheduler:
         """vLLM's default max_tokens: what the model length leaves (and the pool holds)."""
         return min(self.cfg.max_model_len, self.pool.num_usable * self.cfg.block_size) - prompt_len
 
-    def add_request(self, req: EngineRequest, now: float) -> None:
-        why = self.check_request(req.prompt_len, req.max_new_tokens)
-        if why is not None:
-            raise ValueError(why)
-        if req.output_len < 1 or req.output_len > req.max_new_tokens:
-            raise ValueError("output_ids must hold between 1 and max_new_tokens tokens")
-        if req.rid in self.running:
-            raise ValueError(f"request id {req.rid!r} is already running")
-        req.arrival_time = now
-        req.state = "waiting"
-        req.prompt = as_tokens(req.prompt)
-        req.output_ids = as_tokens(req.output_ids)
-        req.fill = req.prompt
+    def is_running(self, rid: str) -> bool:
+        return rid in self.running
+
+    def _enqueue(self, req: EngineRequest, now: float) -> None:
         buf = (as_tokens(req.prompt) + as_tokens(req.output_ids)).tobytes()
         self.waiting.append(VLLMRequest(req, buf, ready=self.handover.ready_time(now)))
 
@@ -216,9 +191,8 @@ class VLLMScheduler:
     # --- decoding requests (lazy) --------------------------------------------------------
     def _enter_decode(self, seq: VLLMRequest) -> None:
         req = seq.req
-        req.state = "running"
-        req.join_step = self.num_steps
         req.gen_base = seq.generated
+        self._start_decoding(req)
         seq.mode = "decode"
         bs = self.cfg.block_size
         base = seq.num_computed - self.num_steps  # computed = base + steps since
@@ -226,9 +200,6 @@ class VLLMScheduler:
         self._phase_count[seq.phase] += 1
         self._num_decoding += 1
         self._sum_ctx_base += base
-        finish_step = req.join_step + req.output_len - seq.generated - 1
-        self._seq_no += 1
-        heapq.heappush(self._finish_heap, (finish_step, self._seq_no, req.join_step, seq))
 
     def _materialize(self, seq: VLLMRequest, in_step: int = 0) -> None:
         """A decoding request's counts as explicit fields, and it leaves the decode sums.
@@ -253,36 +224,20 @@ class VLLMScheduler:
         if seq in self._prefilling:
             self._prefilling.remove(seq)
         self.kv.free(seq)
-        seq.req.close_segment(self.num_steps)
-        req = seq.req
-        req.state = "waiting"
-        req.fill = as_tokens(req.prompt) + as_tokens(req.output_ids)[:seq.generated]
-        req.gen_base = seq.generated
-        req.num_computed = 0
-        req.num_retractions += 1
+        self._requeue(seq.req, seq.generated)
         seq.num_computed = 0
         seq.mode = "waiting"
-        self.num_retractions += 1
         self.waiting.appendleft(seq)
-        self._pending_preempted.append(req)
 
     # --- scheduling ----------------------------------------------------------------------
-    def schedule(self, now: float, horizon: float | None = None) -> Step | None:
-        """Choose the next step, take its KV blocks, and return it with its modelled duration.
-        With a `horizon` (and the thermal model off), a decode-only step may run on as several
-        steps (see the module docstring); `truncate_decode_run` cuts it when something
-        arrives."""
-        if self.in_flight is not None:
-            raise RuntimeError("a step is already running")
-        if self.thermal is not None and now > self._busy_until:
-            self.thermal.advance(now - self._busy_until, 0.0)
-            self._busy_until = now
-        for _ in range(3):  # a step that preempted everything it had is retried at once
+    def _next_step(self, now: float, horizon: float | None) -> Step | None:
+        """One engine step (see the module docstring); a step that preempted everything it
+        had is retried at once."""
+        step: Step | None = None
+        for _ in range(3):
             step = self._schedule_once(now, horizon)
             if step is not None or not self.waiting or self.running:
                 break
-        if step is not None:
-            self.in_flight = step
         return step
 
     def _schedule_once(self, now: float, horizon: float | None) -> Step | None:
@@ -291,7 +246,7 @@ class VLLMScheduler:
         pool = self.pool
         budget = cfg.max_num_batched_tokens
         s = self.num_steps
-        preempted_before = len(self._pending_preempted)
+        preempted_before = len(self._retracted)
         # 1a. decodes: one token each, a block for those whose last block is full
         need = self._phase_count[(-s) % bs]
         if need > pool.num_free():
@@ -314,7 +269,7 @@ class VLLMScheduler:
                            seq.num_computed >= seq.num_tokens))
             budget -= n
         num_decode = self._num_decoding
-        preempted = len(self._pending_preempted) > preempted_before
+        preempted = len(self._retracted) > preempted_before
         # 2. the waiting queue, when nothing was preempted in this step
         new_cached = 0
         deferred = False  # a request handed over too late for this step: the next takes it
@@ -428,12 +383,12 @@ class VLLMScheduler:
         s = self.num_steps
         kv = self._sum_ctx_base + num_decode * s + num_decode  # contexts + this step's token
         p_tokens = sum(n for _, _, n, _ in chunks)
-        if horizon is not None and not chunks and not single and self._finish_heap:
+        if horizon is not None and not chunks and not single and self._has_finish_ahead():
             # a decode-only run: up to the first finish, the horizon, the next request the
             # API server hands over (the step at whose end it is ready comes last), and the
             # blocks that fit
             pending = self.next_ready_time()
-            steps = 1 + self._decode_steps_that_fit(s, self._finish_heap[0][0])
+            steps = 1 + self._decode_steps_that_fit(s, self._next_finish_step())
             ends = run_ends(self.step_model.decode_s, num_decode, kv, now, steps, horizon,
                             self.thermal, pending if pending is not None and pending > now
                             else float("inf"))
@@ -486,55 +441,27 @@ class VLLMScheduler:
         front is ready already)."""
         return self.waiting[0].ready if self.waiting else None
 
-    def truncate_decode_run(self, t: float) -> float | None:
-        """Something arrived at `t` during a decode run: cut the run after the step running at
-        `t`. Returns the run's new end, or None when nothing changed."""
-        step = self.in_flight
-        if step is None or len(step.decode_ends) <= 1:
-            return None
-        ends = step.decode_ends
-        keep = bisect.bisect_left(ends, t) + 1
-        if keep >= len(ends):
-            return None
-        del ends[keep:]
-        step.duration = ends[-1] - step.start
-        return ends[-1]
-
-    def advance_idle(self, now: float) -> None:
-        if self.thermal is not None and self.in_flight is None and now > self._busy_until:
-            self.thermal.advance(now - self._busy_until, 0.0)
-            self._busy_until = now
-
-    def _clock_factors(self) -> tuple[float, float]:
-        if self.thermal is None:
-            return 1.0, 1.0
-        return self.thermal.sm_factor, self.thermal.mem_factor
-
     # --- completing a step ---------------------------------------------------------------
-    def complete(self, now: float) -> StepResult:
-        step = self.in_flight
-        if step is None:
-            raise RuntimeError("no step is running")
-        self.in_flight = None
+    def _step_ended(self, step: Step, now: float) -> None:
+        """The API server's hand-over learns when the host was done with the step's last."""
         k = len(step.decode_ends)
         last_start = step.decode_ends[-2] if k > 1 else step.start
         self.handover.step_done(last_start + self.step_model.host_s(
             step.num_decode, step.num_prefill_tokens, len(step.batch)), now)
-        if self.thermal is not None:
-            tokens = step.num_prefill_tokens + step.num_decode
-            share = step.num_prefill_tokens / tokens if tokens else 0.0
-            thermal = advance_thermal(self.thermal, step, now, share)
-            self._busy_until = now
-        else:
-            thermal = [NO_THERMAL] * k
-        result = StepResult(step)
+
+    def _prefill_share(self, step: Step) -> float | None:
+        tokens = step.num_prefill_tokens + step.num_decode
+        return step.num_prefill_tokens / tokens if tokens else 0.0
+
+    def _apply(self, step: Step, now: float, result: StepResult,
+               thermal: list[ThermalFigures]) -> None:
+        k = len(step.decode_ends)
         bs = self.cfg.block_size
         s = self.num_steps
         phase_count = self._phase_count
         later = [0] + [phase_count[(-(s + j)) % bs] for j in range(1, k)]  # blocks per step
         self.pool.take(sum(later))  # the run's later steps: taken in step order, as one
-        self.num_steps += k
-        self.step_end_times.extend(step.decode_ends)
+        self._count_steps(step)
         self._log_rows(step, later, thermal)  # the engine as the step leaves it, before frees
         # prefill chunks: the ones that reached their end sample a token
         for seq, _, _, done in self._pending:
@@ -543,10 +470,7 @@ class VLLMScheduler:
                 continue
             self._prefilling.remove(seq)
             seq.generated += 1
-            req.segments.append(Segment(now, self.num_steps))
-            if req.first_token_time is None:
-                req.first_token_time = now
-            result.first_tokens.append(req)
+            self._first_token(req, now, result)
             if seq.generated >= req.output_len:
                 req.close_segment(self.num_steps)
                 self._finish(seq, now, result)
@@ -554,32 +478,24 @@ class VLLMScheduler:
                 self._enter_decode(seq)
         self._pending = []
         # decodes that sampled their last token
-        last = self.num_steps - 1
-        heap = self._finish_heap
-        while heap and heap[0][0] <= last:
-            _, _, join, seq = heapq.heappop(heap)
-            if seq.mode != "decode" or seq.req.join_step != join:
-                continue  # stale: preempted or aborted since
+        last = self._pop_finished()
+        while last is not None:
+            seq = self.running[last.rid]
             self._materialize(seq)
-            seq.req.close_segment(self.num_steps)
+            last.close_segment(self.num_steps)
             self._finish(seq, now, result)
-        result.retracted = self._pending_preempted
-        self._pending_preempted = []
-        return result
+            last = self._pop_finished()
 
     def _finish(self, seq: VLLMRequest, now: float, result: StepResult) -> None:
         req = seq.req
         self.running.pop(req.rid, None)
         self.kv.free(seq)
         seq.mode = "done"
-        req.state = "finished"
-        req.finish_time = now
-        result.finished.append(req)
+        self._finished(req, now, result)
 
     def _log_rows(self, step: Step, later_blocks: list[int],
                   thermal: list[ThermalFigures]) -> None:
-        hit = (self.num_prefill_cached_tokens / self.num_prefill_input_tokens
-               if self.num_prefill_input_tokens else 0.0)
+        hit = self._hit_rate()
         usable = self.pool.num_usable
         used = usable - self.pool.num_free()
         still = sum(later_blocks)  # blocks the run's later steps took: not in use at step 0
@@ -591,7 +507,3 @@ class VLLMScheduler:
                          step.num_decode + len(step.batch), step.num_prefill_tokens,
                          step.num_decode, len(self.running), step.num_waiting, usage, hit,
                          thermal)
-
-    # --- results -------------------------------------------------------------------------
-    def token_times(self, req: EngineRequest) -> array[float]:
-        return req.token_times(self.step_end_times, self.num_steps)

@@ -17,7 +17,7 @@ import bisect
 import math
 import operator
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chatfleet.core.fleet.request import FleetRequest
 
@@ -35,8 +35,8 @@ class Waiting:
     target: str | None
     avoid: str | None  # requeued: the replica it failed on, which it never goes back to
     # its place in the queue: class, then requeued first, then seq (fixed: set once, read by
-    # every bisection and every count of the requests ahead)
-    key: QueueKey
+    # every bisection and every count of the requests ahead); derived, not an argument
+    key: QueueKey = field(init=False)
 
     # __init__ written out (init=False): chatfleet/_native.py says why
     def __init__(self, request: FleetRequest, klass: int, seq: int, deadline: float,

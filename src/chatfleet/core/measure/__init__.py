@@ -11,5 +11,5 @@
   the sweep document's summary.
 
 The latency target itself, `SLO` with the tolerance of every verdict, is `core/slo.py`: the
-documents carry it too. `chatfleet.core.metrics` re-exports all of it for one release.
+documents carry it too.
 """

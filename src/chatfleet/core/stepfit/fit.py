@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,9 +35,10 @@ from chatfleet.core.stepfit.samples import StepSamples, concat
 BOUNDS: dict[str, tuple[float, float]] = {
     "decode_fixed_s": (0.0, 0.5), "prefill_extra_s": (0.0, 0.5), "per_seq_s": (0.0, 0.01),
     "launch_s": (0.0, 0.5), "bandwidth_eff": (0.05, 1.0), "gemm_eff": (0.05, 1.0),
-    "attn_eff": (0.02, 1.0),
+    "attn_eff": (0.02, 1.0), "kv_read_eff": (0.05, 1.0),
 }
 WEAK_RELATIVE_SE = 0.5
+KV_READ = "kv_read_eff"  # held at the weights' bandwidth where the steps leave it weak
 MIN_STEPS = 50  # a fit needs at least this many observed steps
 
 
@@ -76,6 +77,12 @@ class StepFit:
 
     def term(self, name: str) -> TermFit:
         return next(t for t in self.terms if t.name == name)
+
+    @property
+    def held(self) -> tuple[str, ...]:
+        """The constants held at their prior (by the caller, or kv_read_eff by the fit)."""
+        return tuple(t.name for t in self.terms if t.std_error is None
+                     and not t.weakly_identified)
 
 
 def fit_steps(hw: Hardware, prior: StepParams, runs: Sequence[tuple[str, StepSamples, bool]],
@@ -117,6 +124,12 @@ def fit_steps(hw: Hardware, prior: StepParams, runs: Sequence[tuple[str, StepSam
     assert res is not None
     best = params(res.x)
     terms = _terms(best, free, res, scale, lo, hi, fit_set)
+    if KV_READ in free and any(t.name == KV_READ and t.weakly_identified for t in terms):
+        # the KV read's own rate is told from the weights' only by steps over long contexts:
+        # where these cannot tell them apart it is the weights' rate, not wherever a flat
+        # direction of the fit left it
+        return fit_steps(hw, replace(prior, kv_read_eff=prior.bandwidth_eff), runs,
+                         held=(*held, KV_READ))
     modelled = step_times(hw, best, fit_set)
     rms = math.sqrt(float(np.average((modelled - fit_set.gap_s) ** 2, weights=fit_set.weight))
                     ) / float(np.average(fit_set.gap_s, weights=fit_set.weight))
@@ -163,6 +176,10 @@ def _terms(best: StepParams, free: list[str], res: Any, scale: np.ndarray,
         se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     except np.linalg.LinAlgError:
         se = np.full(len(free), np.nan)
+    # a constant the steps do not move at all (its column of the Jacobian ~0) has no error
+    # the pseudo-inverse can give (it reports 0): it is unidentified
+    norms = np.linalg.norm(jac, axis=0)
+    se = np.where(norms <= 1e-9 * max(float(norms.max(initial=0.0)), 1e-300), np.nan, se)
     out = []
     values = dict(zip(StepParams.names(), best.values(), strict=True))
     for name, value in values.items():

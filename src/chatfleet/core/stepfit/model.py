@@ -10,7 +10,12 @@ terms of core/engine/mixed_step.py):
 - `launch_s`: host time that overlaps the GPU's (eager mode's kernel launches): the step lasts
   the slower of the two;
 - `bandwidth_eff`, `gemm_eff`, `attn_eff`: the shares of the card's datasheet bandwidth, dense
-  TFLOPS of the weights' dtype, and dense BF16 TFLOPS that the kernels reach (the GPU's time).
+  TFLOPS of the weights' dtype, and dense BF16 TFLOPS that the kernels reach (the GPU's time);
+- `kv_read_eff`: the share of datasheet bandwidth the attention kernels reach reading the KV
+  cache (each sequence's context, paged, every decode step; a prefill's cached prefix). It is
+  the weights' bandwidth until a fit tells them apart, which takes steps over long contexts:
+  on the H200 with CUDA graphs a 64-128-user batch on 2,600-token contexts reads 25-50 GB of
+  KV a step, several times the weights (docs/device/vllm/README.md).
 
 `step_times` evaluates MixedStepModel.step_s's formula over arrays (a test checks the two agree
 on random steps); `engine_constants` builds the MixedStepModel itself, so the twin runs exactly
@@ -39,6 +44,7 @@ class StepParams:
     bandwidth_eff: float
     gemm_eff: float
     attn_eff: float
+    kv_read_eff: float
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -58,7 +64,9 @@ class StepParams:
                    per_seq_s=cal.per_seq_s, launch_s=cal.launch_s,
                    bandwidth_eff=cal.bandwidth_eff,
                    gemm_eff=cal.gemm_eff.get(weights, cal.gemm_eff["bf16"]),
-                   attn_eff=cal.attn_eff)
+                   attn_eff=cal.attn_eff,
+                   kv_read_eff=cal.bandwidth_eff if cal.kv_read_eff is None
+                   else cal.kv_read_eff)
 
     def calibration(self, base: Calibration, weights: str, source: str) -> Calibration:
         """`base` with these constants (eager_s 0: a fitted launch time holds eager mode)."""
@@ -67,7 +75,8 @@ class StepParams:
                        prefill_fixed_s=self.decode_fixed_s + self.prefill_extra_s,
                        gemm_eff={**base.gemm_eff, weights: self.gemm_eff},
                        attn_eff=self.attn_eff, eager_s=0.0, per_seq_s=self.per_seq_s,
-                       launch_s=self.launch_s, calibrated=True, source=source)
+                       launch_s=self.launch_s, kv_read_eff=self.kv_read_eff,
+                       calibrated=True, source=source)
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,8 @@ class Hardware:
                           attn_eff=p.attn_eff, decode_fixed_s=p.decode_fixed_s,
                           prefill_fixed_s=p.decode_fixed_s + p.prefill_extra_s, eager_s=0.0,
                           cuda_graph_max_bs=cuda_graph_max_bs,
-                          chunked_prefill_size=max_num_batched_tokens)
+                          chunked_prefill_size=max_num_batched_tokens,
+                          kv_read_eff=p.kv_read_eff)
         return MixedStepModel(self.model, self.gpu, self.precision, c, p.per_seq_s,
                               max_num_batched_tokens, cuda_graph_max_bs, launch_s=p.launch_s)
 
