@@ -17,8 +17,8 @@ from chatfleet.cli import app
 from chatfleet.core.calibration import vllm_calibration_for
 from chatfleet.core.documents.sweep import ClosedLoad, Load, OpenLoad
 from chatfleet.core.engine.build import EngineSpec
-from chatfleet.core.metrics import SLO
 from chatfleet.core.records import record_to_json
+from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.stepfit.model import StepParams
 from chatfleet.core.workload import LengthSpec, WorkloadConfig
