@@ -71,7 +71,8 @@ NATIVE_MODULES = (
     "core/fleet/fleet.py", "core/fleet/health.py", "core/fleet/reserve.py",
     "core/fleet/routing.py", "core/fleet/session.py", "core/fleet/waiting.py",
     "core/measure/itl.py", "core/measure/percentiles.py", "core/measure/request.py",
-    "core/records.py", "twin/events.py", "twin/loop.py", "twin/fleet.py",
+    "core/records.py", "core/traffic/replay.py", "twin/events.py", "twin/loop.py",
+    "twin/fleet.py",
 )
 MANIFEST = "_native_build.json"
 NOTED_ENV = "CHATFLEET_NATIVE_NOTED"  # set once a process said that it runs the sources

@@ -41,11 +41,9 @@ from chatfleet.core.documents.cache import CacheDoc, CacheResult
 from chatfleet.core.engine.build import EngineSpec, step_time_model
 from chatfleet.core.engine.eviction import EVICTION_POLICIES
 from chatfleet.core.engine.host_tier import DEFAULT_WRITE_POLICY, WRITE_POLICIES
-from chatfleet.core.errors import ChatfleetError
-from chatfleet.core.jsonl import json_objects
 from chatfleet.core.memory import hicache_host_tokens
 from chatfleet.core.specs import precision
-from chatfleet.data.tokenizer import load_qwen_tokenizer
+from chatfleet.data.traffic import read_trace
 from chatfleet.io import write_json
 from chatfleet.twin.cache_replay import replay
 
@@ -85,84 +83,34 @@ def parse_policies(text: str) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _int_field(rec: dict[str, Any], key: str, where: str, minimum: int,
-               maximum: int | None = None) -> int:
-    v = rec[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ChatfleetError(f"{where}: {key!r} must be an integer >= {minimum}, got {v!r}")
-    if maximum is not None and v > maximum:
-        raise ChatfleetError(f"{where}: {key!r} is {v} tokens, more than the model's context "
-                             f"of {maximum}")
-    return v
-
-
 def load_trace_file(path: Path, shared_prefix_tokens: int, default_answer_tokens: int,
                     context_tokens: int | None = None) -> list[Turn]:
-    """JSON Lines, one turn a line: session, turn, time (s), prompt_tokens (ids, or a count)
-    or text, optional output_tokens. See docs/cache.md for how counts become token ids. A
-    count above `context_tokens` (the model's context) is refused: no engine serves it, and
-    its ids would have to be made."""
-    if not path.exists():
-        raise FileNotFoundError(2, "no such file", str(path))
-    rows: list[tuple[str, int, float, Any, int | None]] = []
-    seen: set[tuple[str, int]] = set()
-    tokenizer = None
-    with path.open(encoding="utf-8") as f:
-        for where, rec in json_objects(f, str(path)):
-            for key in ("session", "turn", "time"):
-                if key not in rec:
-                    raise ChatfleetError(f"{where}: missing {key!r}")
-            session = rec["session"]
-            if not isinstance(session, (str, int)) or isinstance(session, bool):
-                raise ChatfleetError(f"{where}: 'session' must be a string or an integer")
-            turn = _int_field(rec, "turn", where, 0)
-            t = rec["time"]
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
-                    or t < 0:
-                raise ChatfleetError(f"{where}: 'time' must be a number of seconds >= 0, got {t!r}")
-            ident = (str(session), turn)
-            if ident in seen:
-                raise ChatfleetError(f"{where}: session {session!r} turn {turn} appears twice")
-            seen.add(ident)
-            out_tokens = (_int_field(rec, "output_tokens", where, 1, context_tokens)
-                          if rec.get("output_tokens") is not None else None)
-            prompt: Any
-            if "prompt_tokens" in rec:
-                p = rec["prompt_tokens"]
-                if isinstance(p, list):
-                    if not p or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
-                                        for x in p):
-                        raise ChatfleetError(f"{where}: 'prompt_tokens' must be a non-empty "
-                                             "list of token ids (integers >= 0) or a count")
-                    prompt = array("q", p)
-                else:
-                    prompt = _int_field(rec, "prompt_tokens", where, 1, context_tokens)
-            elif "text" in rec:
-                if not isinstance(rec["text"], str) or not rec["text"]:
-                    raise ChatfleetError(f"{where}: 'text' must be a non-empty string")
-                if tokenizer is None:
-                    tokenizer = load_qwen_tokenizer()
-                prompt = array("q", tokenizer.encode(rec["text"]))
-                if not prompt:
-                    raise ChatfleetError(f"{where}: 'text' tokenizes to nothing")
-            else:
-                raise ChatfleetError(f"{where}: give 'prompt_tokens' (ids or a count) or 'text'")
-            rows.append((str(session), turn, float(t), prompt, out_tokens))
-    if not rows:
-        raise ChatfleetError(f"{path}: no turns in the file")
-    by_session: dict[str, list[tuple[str, int, float, Any, int | None]]] = {}
-    for r in rows:
-        by_session.setdefault(r[0], []).append(r)
+    """The traffic trace format (core/traffic/trace.py, docs/traffic.md), read by
+    chatfleet.data.traffic: session, turn, time (s), prompt_tokens (ids, or a count) or text,
+    optional output_tokens. See docs/cache.md for how counts become token ids. A count above
+    `context_tokens` (the model's context) is refused: no engine serves it, and its ids would
+    have to be made. A client's retry of a turn (`attempt` > 0) is the same turn: the cache
+    sees each turn once."""
+    trace = read_trace(path, context_tokens, keep_ids=True)
+    assert trace.ids is not None
+    by_session: dict[int, list[tuple[int, float, Any, int]]] = {}
+    for i in range(trace.num_lines):
+        if trace.attempt[i]:
+            continue
+        prompt = trace.ids[i] if trace.ids[i] is not None else int(trace.prompt[i])
+        by_session.setdefault(int(trace.session[i]), []).append(
+            (int(trace.rank[i]), float(trace.time[i]) + trace.origin, prompt,
+             int(trace.output[i])))
     counter = [UNIQUE_ID_BASE]
     turns: list[Turn] = []
-    for si, (name, rs) in enumerate(by_session.items()):
-        rs.sort(key=lambda r: r[1])
+    for si, (index, rs) in enumerate(by_session.items()):
+        rs.sort(key=lambda r: r[0])
         prompts = [p if isinstance(p, array) else count_prompt_ids(si, p, shared_prefix_tokens)
-                   for _, _, _, p, _ in rs]
-        for k, (_, _, t, _, o) in enumerate(rs):
+                   for _, _, p, _ in rs]
+        for k, (_, t, _, o) in enumerate(rs):
             nxt = prompts[k + 1] if k + 1 < len(prompts) else None
             output = answer_ids(prompts[k], o or default_answer_tokens, nxt, counter)
-            turns.append(Turn(name, k + 1, t, prompts[k], output))
+            turns.append(Turn(trace.sessions[index], k + 1, t, prompts[k], output))
     check_trace(turns)
     return sort_trace(turns)
 

@@ -3,6 +3,7 @@ precision, the caps, the fleet, doubled traffic, launch commands, the gateway co
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -22,6 +23,7 @@ from chatfleet.cli.common import (
 )
 from chatfleet.cli.options import MAX_PLAN_USERS, profile_calibration, read_sweep_file
 from chatfleet.cli.render import gateway_yaml, pool_table, print_answer
+from chatfleet.cli.render_trace import print_trace_answer
 from chatfleet.core.defaults import DURATION_S, SEED, SYSTEM_PROMPT_TOKENS, WARMUP_S
 from chatfleet.core.documents.load import load_from_json
 from chatfleet.core.memory import REQUEST_TOKENS, plan_pool, plan_vllm_pool
@@ -29,6 +31,7 @@ from chatfleet.core.slo import SLO
 from chatfleet.core.workload import LengthSpec, SessionProfile
 from chatfleet.io import write_atomic, write_json
 from chatfleet.jobs.plan import PlanRequest, make_plan, parse_precisions
+from chatfleet.jobs.plan_trace import TRACE_FORMATS, TraceRequest, make_trace_plan
 from chatfleet.jobs.workers import WorkerError
 from chatfleet.report.load import number, read_json
 
@@ -94,12 +97,47 @@ def plan(
     profile: Path | None = typer.Option(
         None, help="A profile `chatfleet twin calibrate` fitted on your engine: the twin runs "
         "its constants and carries its error band (default: the built-in ones)."),
+    trace: Path | None = typer.Option(
+        None, "--trace", help="Your own traffic instead of --users: a trace (docs/traffic.md), "
+        "an OpenAI-style request log or a run's records; the answer is the fewest cards that "
+        "serve it with the P99 user within target and nothing shed."),
+    trace_format: str = typer.Option(
+        "auto", help="--trace: trace, openai (a request log with timestamps and usage) or "
+        "records (a chatfleet run's records.jsonl, its folder or a sweep's); auto: records "
+        "for a folder or records.jsonl, else trace."),
+    window: str | None = typer.Option(
+        None, help="--trace: replay only the turns sent in START-END of the trace (seconds "
+        "after its first line, or with s/m/h: 13h-14h)."),
+    time_scale: float = typer.Option(
+        1.0, help="--trace: sessions start this many times sooner (2: twice the sessions an "
+        "hour, each at its own pace)."),
+    doubling: float = typer.Option(
+        2.0, help="--trace: the doubled traffic's time scale on top of --time-scale."),
+    replicas: int | None = typer.Option(
+        None, help="--trace: replay on this many replicas, searching nothing (what your "
+        "fleet does with the traffic)."),
+    cap: int | None = typer.Option(
+        None, help="--trace: the gateway cap per replica (default: each precision's knee)."),
 ) -> None:
     """Size the KV pool the way SGLang (or vLLM) does; with --users, answer how many users fit
     on a card, which precision to serve, which caps, how many cards, and how to launch it."""
     if engine_model not in ("sglang", "vllm"):
         with clean_errors():
             fail(f"--engine-model {engine_model!r}: choose sglang or vllm")
+    if trace is not None:
+        with clean_errors():
+            if users is not None:
+                fail("--users and --trace ask two questions: give one (the trace's own peak "
+                     "of users is the answer's)")
+            treq = trace_request(trace, trace_format, window, time_scale, doubling, replicas,
+                                 cap)
+        users = 1  # the trace's peak replaces it
+    else:
+        treq = None
+        for flag, value in (("--window", window), ("--replicas", replicas), ("--cap", cap)):
+            if value is not None:
+                with clean_errors():
+                    fail(f"{flag} is for --trace")
     if users is None and not sweep:
         if engine_model == "vllm":
             vllm_pool_only(gpu, model, weights, kv_cache, mem_fraction, request_tokens,
@@ -142,7 +180,8 @@ def plan(
         check_output_file(gateway_config_out, "--gateway-config-out")
         with progress_bars() as progress:
             try:
-                doc = make_plan(req, progress)
+                doc = (make_plan(req, progress) if treq is None
+                       else make_trace_plan(req, treq, progress))
             except WorkerError as exc:  # not bad input, but one line all the same
                 fail(str(exc), code=1)
         if out_path is not None:
@@ -152,10 +191,53 @@ def plan(
     if as_json:
         print_json(doc.to_json())
         return
-    print_answer(doc)
+    if doc.trace is not None:
+        print_trace_answer(doc)
+    else:
+        print_answer(doc)
     for path in (out_path, gateway_config_out):
         if path is not None:
             out.print(f"wrote {path}")
+
+
+def parse_window(text: str) -> tuple[float, float]:
+    """'START-END', each seconds or a number with s, m or h: (start, end) in seconds."""
+    def seconds(part: str) -> float:
+        part = part.strip().lower()
+        unit = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(part[-1:], 0.0)
+        try:
+            value = float(part[:-1] if unit else part) * (unit or 1.0)
+        except ValueError:
+            fail(f"--window {text!r}: give START-END in seconds or with s/m/h (13h-14h)")
+        if not math.isfinite(value) or value < 0:
+            fail(f"--window {text!r}: times must be finite and not negative")
+        return value
+
+    start, sep, end = text.partition("-")
+    if not sep:
+        fail(f"--window {text!r}: give START-END in seconds or with s/m/h (13h-14h)")
+    a, b = seconds(start), seconds(end)
+    if not b > a:
+        fail(f"--window {text!r}: the end must come after the start")
+    return a, b
+
+
+def trace_request(path: Path, fmt: str, window: str | None, time_scale: float,
+                  doubling: float, replicas: int | None, cap: int | None) -> TraceRequest:
+    if fmt == "auto":
+        fmt = "records" if path.is_dir() or path.name.endswith("records.jsonl") else "trace"
+    if fmt not in TRACE_FORMATS:
+        fail(f"--trace-format {fmt!r}: one of auto, {', '.join(TRACE_FORMATS)}")
+    if not path.exists():
+        fail(f"--trace {path}: file not found")
+    if not (time_scale > 0 and doubling >= 1):
+        fail("--time-scale must be positive and --doubling at least 1")
+    if replicas is not None and not 1 <= replicas <= MAX_PLAN_USERS:
+        fail(f"--replicas must be between 1 and {MAX_PLAN_USERS:,}")
+    if cap is not None and cap < 1:
+        fail("--cap must be at least 1")
+    return TraceRequest(path, fmt, None if window is None else parse_window(window),
+                        time_scale, doubling, replicas, cap)
 
 
 def check_plan_sweep(path: Path) -> None:

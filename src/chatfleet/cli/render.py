@@ -157,6 +157,8 @@ def print_answer(doc: Plan) -> None:
               f"--max-running-requests {rec.engine_guard}), {rec.replicas} replicas on "
               f"{rec.cards} cards for {doc.target_users} users with "
               f"{rec.headroom:.0%} headroom. Why: {rec.why}")
+    if rec.cooling is not None:
+        out.print(f"cooling: {rec.cooling.note}", highlight=False)
     d = doc.doubling
     assert d is not None and doc.host_tier is not None and doc.launch is not None
     t = Table(title=f"traffic doubled for {d.hours:g} h ({d.users} -> {d.doubled_users}"
@@ -177,6 +179,14 @@ def print_answer(doc: Plan) -> None:
     out.print(t)
     for line in cooling_lines(d):
         out.print(line, highlight=False)
+    for line in held_clock_lines(doc):
+        out.print(line, highlight=False)
+    print_launch(doc)
+
+
+def print_launch(doc: Plan) -> None:
+    """The host tier, the launch commands and the gateway config of a recommendation."""
+    assert doc.host_tier is not None and doc.launch is not None
     out.print(f"host tier: {'HiCache on' if doc.host_tier.enable else 'off'}: "
               f"{doc.host_tier.why}")
     for engine, cmd in doc.launch.items():
@@ -235,6 +245,32 @@ def cooling_lines(doubling: Doubling) -> list[str]:
     lines.append("  the cooling is one measured card's, yours decides: record clocks in the "
                  "pre-launch sweep (chatfleet sweep --telemetry nvml --clock-floor MHZ).")
     return lines
+
+
+def held_clock_lines(doc: Plan) -> list[str]:
+    """The fleet at the clock the card holds, beside the recommended one (issue 25 item 5)."""
+    h, rec = doc.held_clock, doc.recommendation
+    if h is None or rec is None:
+        return []
+    lines = [f"[bold]at the clock the card holds under the modelled cooling ({h.clock_mhz:.0f} "
+             f"MHz):[/] " + (f"{h.users_per_card} users per card, gateway cap "
+                             f"{h.gateway_cap}, {h.replicas} replicas on {h.cards} cards"
+                             if h.replicas is not None else "no fleet") + f". {h.why}"]
+    if h.check is not None:
+        c = h.check
+        lines.append(f"  checked: that fleet's slice for {doubling_hours(doc)} with the thermal "
+                     f"model on: SM clock p50 {c.gpu.sm_clock_mhz.p50:.0f} MHz, admitted "
+                     f"attainment {fmt(c.admitted_attainment, '.3f')}, shed {c.shed_share:.1%}")
+    if h.cards is not None:
+        lines.append(f"  the recommendation's {rec.cards} cards assume cooling that holds the "
+                     f"loaded clock; with cooling like the modelled card's, run these "
+                     f"{h.cards}")
+    return lines
+
+
+def doubling_hours(doc: Plan) -> str:
+    hours = doc.doubling.hours if doc.doubling is not None else 1.0
+    return f"{hours:g} h"
 
 
 def span(edges: CountEdges) -> str:

@@ -21,16 +21,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from chatfleet.bench.client import StreamOutcome
 from chatfleet.core.defaults import SEED
 from chatfleet.core.documents.plan import Plan, Recommendation
 from chatfleet.core.documents.sweep import ClosedLoad, Load, SweepPoint
 from chatfleet.core.engine.build import EngineSpec
 from chatfleet.core.measure.knee import sweep_document
+from chatfleet.core.records import record_to_json
 from chatfleet.core.slo import SLO
 from chatfleet.core.specs import builtin_model, get_gpu, precision
 from chatfleet.core.workload import SessionProfile
-from chatfleet.io import write_json
+from chatfleet.io import write_atomic, write_json
 from chatfleet.jobs.parity import FleetParity, run_fleet_parity
 from chatfleet.jobs.plan import PlanRequest, Progress, make_plan
 from chatfleet.report.build import PROOF_SCHEMA, build_report
@@ -84,6 +87,10 @@ def run_live(cfg: DemoConfig, plan: Plan) -> dict[str, Any]:
     live_dir.mkdir(parents=True, exist_ok=True)
     res = run_fleet_parity(spec, wcfg, load, fleet, duration_s=cfg.live_s,
                            warmup_s=cfg.warmup_s, seed=cfg.seed, trace=live_dir / "trace.jsonl")
+    # every request the client sent, retries included: `plan --trace live/records.jsonl`
+    # replays the run through the fleet twin (docs/traffic.md)
+    write_atomic(live_dir / RECORDS_FILE,
+                 b"".join(orjson.dumps(record_to_json(r)) + b"\n" for r in res.drive.records))
     live = replace(res.live_point, fleet=replace(
         fleet.block(), max_in_flight_seen_by_replicas=res.max_in_flight))
     target = {**target_block(spec), "engine": "simserver", "via": "chatfleet gateway",
@@ -101,6 +108,7 @@ def run_live(cfg: DemoConfig, plan: Plan) -> dict[str, Any]:
 
 
 PROOF_FILE = "proof.json"
+RECORDS_FILE = "records.jsonl"
 
 
 def proof_document(cfg: DemoConfig, cap: int, load: Load, target: dict[str, Any],
@@ -123,7 +131,7 @@ def proof_document(cfg: DemoConfig, cap: int, load: Load, target: dict[str, Any]
         "twin": {**(summary(twin) if twin is not None else {}),
                  "peak_in_flight": {f"replica-{i}": n for i, n in enumerate(twin_peaks)}},
         "peak_in_flight_source": "the replicas' own traces (trace.jsonl)",
-        "files": {"sweep": "sweep.json", "trace": "trace.jsonl"},
+        "files": {"sweep": "sweep.json", "trace": "trace.jsonl", "records": RECORDS_FILE},
     }
 
 

@@ -11,48 +11,26 @@ files and builds the commands.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from chatfleet import __version__
-from chatfleet.core.calibration import Calibration
-from chatfleet.core.defaults import DURATION_S, SEED, WARMUP_S
 from chatfleet.core.documents.fields import DocumentError
 from chatfleet.core.documents.plan import (
-    Cooling,
-    CoolingProfile,
     CountEdges,
-    Doubling,
-    DoublingRun,
     HostTier,
     KneeEdges,
     Launch,
     Plan,
-    PoolFigures,
     PrecisionEntry,
     Recommendation,
     SweepRef,
     Uncertainty,
 )
-from chatfleet.core.documents.sweep import (
-    SCHEMA,
-    ClosedLoad,
-    GpuBlock,
-    Load,
-    OpenLoad,
-    SweepDoc,
-    SweepPoint,
-)
-from chatfleet.core.engine.build import (
-    EngineSpec,
-    provenance_of,
-    scaled_spec,
-    thermal_profile_of,
-)
-from chatfleet.core.engine.thermal import cooling_need
-from chatfleet.core.memory import PoolPlan, VLLMPoolPlan, plan_pool, plan_vllm_pool
+from chatfleet.core.documents.sweep import SCHEMA, ClosedLoad, Load, OpenLoad, SweepDoc
+from chatfleet.core.engine.build import provenance_of, scaled_spec
+from chatfleet.core.memory import PoolPlan, VLLMPoolPlan
 from chatfleet.core.plan import (
     PlanError,
     PrecisionFigures,
@@ -65,52 +43,36 @@ from chatfleet.core.plan import (
     prefill_reserve_s,
     working_set_tokens,
 )
-from chatfleet.core.slo import SLO
-from chatfleet.core.specs import GIB, GPU, HF_MODEL_IDS, Model, precision
-from chatfleet.core.workload import SessionProfile
+from chatfleet.core.specs import GIB, precision
 from chatfleet.engines import SGLangAdapter, VLLMAdapter
 from chatfleet.engines.base import LaunchCommand
 from chatfleet.gateway.config import parse_config
-from chatfleet.jobs.plan_tasks import FleetRun, SweepTask
-from chatfleet.jobs.workers import Tick, WorkerPool, default_workers
-from chatfleet.twin.fleet import MEASURED_HOP_S, FleetConfig
+from chatfleet.jobs.plan_fleet import DOUBLING_LEVELS as DOUBLING_LEVELS
+from chatfleet.jobs.plan_fleet import DOUBLING_RUNS as DOUBLING_RUNS
+from chatfleet.jobs.plan_fleet import FLEET_STEP as FLEET_STEP
+from chatfleet.jobs.plan_fleet import THERMAL_MODELS as THERMAL_MODELS
+from chatfleet.jobs.plan_fleet import cooling_block as cooling_block
+from chatfleet.jobs.plan_fleet import doubling as doubling
+from chatfleet.jobs.plan_fleet import fleet_runs_of as fleet_runs_of
+from chatfleet.jobs.plan_fleet import run_fleet_runs as run_fleet_runs
+from chatfleet.jobs.plan_request import DEFAULT_GRID as DEFAULT_GRID
+from chatfleet.jobs.plan_request import DEFAULT_RATES as DEFAULT_RATES
+from chatfleet.jobs.plan_request import PlanRequest as PlanRequest
+from chatfleet.jobs.plan_request import Progress as Progress
+from chatfleet.jobs.plan_request import engine_spec as engine_spec
+from chatfleet.jobs.plan_request import model_path as model_path
+from chatfleet.jobs.plan_request import pool_json as pool_json
+from chatfleet.jobs.plan_request import pool_of as pool_of
+from chatfleet.jobs.plan_tasks import FleetRun as FleetRun
+from chatfleet.jobs.plan_tasks import SweepTask
+from chatfleet.jobs.plan_thermal import cooling_assumption, held_clock_fleet
+from chatfleet.jobs.workers import WorkerPool, default_workers
 from chatfleet.twin.sweep import TwinSweep
 
-DEFAULT_GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-DEFAULT_RATES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
 SGLANG_PORT = 30000
 VLLM_PORT = 8000
 
-# Progress: (what is running, finished steps, all steps).
-Progress = Callable[[str, int, int], None]
-FLEET_STEP = "target and doubled traffic through the fleet twin"
 
-
-@dataclass(frozen=True, slots=True)
-class PlanRequest:
-    gpu: GPU
-    model: Model
-    users: int
-    slo: SLO = field(default_factory=SLO)
-    profile: SessionProfile = field(default_factory=SessionProfile)
-    precisions: tuple[tuple[str, str], ...] = (("bf16", "bf16"), ("fp8", "fp8"))
-    sweeps: tuple[Path, ...] = ()
-    accuracy: Path | None = None
-    headroom: float = 0.2
-    host_kv_gib: float = 16.0
-    mem_fraction: float | None = None
-    grid: tuple[int, ...] = DEFAULT_GRID
-    rates: tuple[float, ...] = DEFAULT_RATES
-    duration_s: float = DURATION_S
-    warmup_s: float = WARMUP_S
-    seed: int = SEED
-    doubling_hours: float = 1.0
-    doubling_replicas: int = 2  # the slice of the fleet the what-if simulates
-    eviction: str = "lru"
-    model_path: str | None = None
-    cap_margin: int = 0  # lower the gateway cap this many grid steps below the knee
-    engine_model: str = "sglang"  # the twin's engine model: sglang or vllm
-    calibration: Calibration | None = None  # a fitted profile's constants (None: built in)
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -144,43 +106,6 @@ def load_accuracy(path: Path) -> dict[str, Any]:
     return doc
 
 
-def model_path(req: PlanRequest, weights: str) -> str:
-    if req.model_path is not None:
-        return req.model_path
-    ids = HF_MODEL_IDS.get(req.model.name)
-    return ids[weights] if ids and weights in ids else req.model.name
-
-
-def engine_spec(req: PlanRequest, weights: str, kv: str, **changes: Any) -> EngineSpec:
-    spec = EngineSpec(req.gpu, req.model, precision(weights, kv),
-                      mem_fraction=req.mem_fraction,
-                      eviction_policy=req.eviction if req.engine_model == "sglang" else "lru",
-                      engine_model=req.engine_model, calibration=req.calibration)
-    return replace(spec, **changes)
-
-
-def pool_of(req: PlanRequest, weights: str, kv: str) -> PoolPlan | VLLMPoolPlan:
-    prof = req.profile
-    if req.engine_model == "vllm":
-        return plan_vllm_pool(req.gpu, req.model, weights, kv,
-                              gpu_memory_utilization=req.mem_fraction)
-    return plan_pool(req.gpu, req.model, weights, kv, mem_fraction=req.mem_fraction,
-                     request_tokens=prof.input_len + prof.output_len,
-                     system_prompt_tokens=prof.system_prompt_tokens)
-
-
-def pool_json(req: PlanRequest, pool: PoolPlan | VLLMPoolPlan) -> PoolFigures:
-    """The pool's figures, with what fits in it (vLLM's as SGLang's are counted)."""
-    out = pool.to_json()
-    if isinstance(pool, VLLMPoolPlan):
-        prof = req.profile
-        system, request = prof.system_prompt_tokens, prof.input_len + prof.output_len
-        out.update(request_tokens=request, system_prompt_tokens=system,
-                   requests_fit=max(0, (pool.kv_pool_tokens - system) // request),
-                   prompts_fit=pool.kv_pool_tokens // system if system else 0)
-    return PoolFigures(out)
-
-
 def sweep_task(req: PlanRequest, weights: str, kv: str, scale: float = 1.0) -> SweepTask:
     """A flushed closed-loop grid and a fixed-rate grid through the twin, both knees refined;
     with every step `scale` times as long for the edges of the error band."""
@@ -197,87 +122,6 @@ def sweep_task(req: PlanRequest, weights: str, kv: str, scale: float = 1.0) -> S
 # each twin sweep three times: as the constants are, and with every step (1 + band) and
 # (1 - band) times as long (the edges of the calibration's error band)
 BAND_EDGES = ("slower", "faster")
-
-
-DOUBLING_LEVELS = (("target", 1), ("doubled", 2))  # traffic, users x
-THERMAL_MODELS = (False, True)  # each level with the thermal model off and on
-DOUBLING_RUNS = len(DOUBLING_LEVELS) * len(THERMAL_MODELS)
-
-
-def doubling(req: PlanRequest, fig: PrecisionFigures, replicas: int, queue_depth: int,
-             pool: WorkerPool, tick: Tick | None = None) -> Doubling:
-    """An hour at the target users and an hour at twice as many, each with the thermal model
-    off (what the traffic alone does: the queue, the sheds) and on (what the clocks add),
-    through a slice of the fleet: the gateway's own admission and routing in front, the engine
-    guard set. The fleet is symmetric, so `doubling_replicas` replicas with their share of the
-    users stand for the whole. Each thermal-on run carries `cooling`: what its load (its mix
-    at the loaded clock, from the thermal-off run) asks of the cooling, and what the card
-    did under the modelled cooling. The runs go to `pool` (`tick` after each)."""
-    assert fig.gateway_cap is not None
-    k = max(1, min(replicas, req.doubling_replicas))
-    budget = req.slo.ttft_ms / 1000.0
-    fleet = FleetConfig(replicas=k, cap=fig.gateway_cap, queue_depth=queue_depth,
-                        ttft_budget_s=budget, hop_s=MEASURED_HOP_S,
-                        prefill_reserve_s=prefill_reserve_s(fig, budget))
-    labelled: list[tuple[str, FleetRun]] = []
-    for traffic, factor in DOUBLING_LEVELS:
-        users = max(1, round(req.users * factor * k / replicas))
-        for thermal in THERMAL_MODELS:
-            spec = engine_spec(req, fig.weights, fig.kv_cache, thermal=thermal,
-                               max_running_requests=fig.gateway_cap)
-            labelled.append((traffic, FleetRun(
-                spec, req.profile.workload(), ClosedLoad(users), fleet,
-                duration_s=req.doubling_hours * 3600.0, seed=req.seed + 1000 + factor,
-                slo=req.slo)))
-    points = run_fleet_runs([run for _, run in labelled], pool, tick)
-    runs: list[DoublingRun] = []
-    for (traffic, run), p in zip(labelled, points, strict=True):
-        assert p.fleet is not None and p.fleet.max_in_flight is not None
-        r = p.requests
-        runs.append(DoublingRun(
-            traffic=traffic, thermal_model=run.spec.thermal,
-            users_simulated=int(run.load.value), requests=r,
-            shed_share=round(r.shed / max(1, r.offered), 4), attainment=p.attainment,
-            admitted_attainment=p.admitted_attainment,
-            goodput_rps_per_replica=round(p.goodput_rps / k, 4),
-            ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, gateway_queue_max=p.fleet.max_queue,
-            max_in_flight=p.fleet.max_in_flight, gpu=p.gpu,
-            cooling=(cooling_block(run.spec, runs[-1].gpu, p.gpu) if run.spec.thermal
-                     else None)))
-    return Doubling(hours=req.doubling_hours, users=req.users, doubled_users=2 * req.users,
-                    replicas=replicas, replicas_simulated=k, runs=tuple(runs))
-
-
-def run_fleet_runs(runs: list[FleetRun], pool: WorkerPool,
-                   tick: Tick | None = None) -> list[SweepPoint]:
-    """The runs' points, in order. Each run is its own seeded simulation, so they run at once
-    in the pool's workers, the likely longest first (so that the last to start is short), and
-    give the same points as one after another here, which is what a one-core machine does."""
-    return pool.run(runs, tick, key=FleetRun.longest_first)
-
-
-def cooling_block(spec: EngineSpec, cool: GpuBlock, hot: GpuBlock) -> Cooling:
-    """The thermal verdict of one traffic level: the load's mix at the loaded clock (`cool`,
-    the thermal-off run's gpu block), what that asks of the modelled cooling, and what the
-    card did under it (`hot`, the thermal-on run's)."""
-    profile = thermal_profile_of(spec)
-    assert cool.modelled is not None  # the twin's gpu blocks carry their modelled figures
-    mix = cool.modelled
-    need = cooling_need(profile, mix.busy_share, mix.prefill_share or 0.0).to_json()
-    return Cooling(
-        profile=CoolingProfile(inlet_c=profile.ambient_c,
-                               r_c_per_w=round(profile.r_c_per_w, 3),
-                               tau_s=round(profile.tau_s, 1), slowdown_c=profile.slowdown_c,
-                               loaded_mhz=profile.loaded_mhz, source=profile.source),
-        busy_share=mix.busy_share, prefill_share=mix.prefill_share,
-        loaded_power_w=need["loaded_power_w"], decode_power_w=need["decode_power_w"],
-        hold_w=need["hold_w"], steady_temp_c=need["steady_temp_c"],
-        holds_clock=bool(need["holds_clock"]), max_inlet_c=need["max_inlet_c"],
-        max_r_c_per_w=need["max_r_c_per_w"], cooling_factor=need["cooling_factor"],
-        max_busy_share=need["max_busy_share"],
-        held_clock=hot.thermal_slowdown_share == 0.0,
-        slowdown_after_s=None if hot.modelled is None else hot.modelled.slowdown_after_s,
-        settled_mhz=hot.sm_clock_mhz.p50)
 
 
 def launch_commands(req: PlanRequest, fig: PrecisionFigures, pool: PoolPlan | VLLMPoolPlan,
@@ -493,18 +337,21 @@ def answer(req: PlanRequest, pairs: list[tuple[str, str]],
     if progress is not None:
         progress(FLEET_STEP, 0, DOUBLING_RUNS)
     chosen = by_precision[best.name]
-    plan = replace(
+    hour = doubling(req, best, size["replicas"], gw["queue_depth"], pool, fleet_tick)
+    held = held_clock_fleet(req, best, hour, pool)
+    target_on = next(r for r in hour.runs if r.traffic == "target" and r.thermal_model)
+    return replace(
         plan, pool=pool_json(req, pools[best.name]), why_none=None,
         recommendation=Recommendation(
             precision=best.name, weights=best.weights, kv_cache=best.kv_cache,
             users_per_card=best.users_per_card, gateway_cap=best.gateway_cap,
             engine_guard=best.gateway_cap, goodput_rps=best.goodput_rps,
             replicas=size["replicas"], cards=size["cards"], headroom=req.headroom, why=why,
-            source=best.source),
-        host_tier=chosen.host_tier,
-        doubling=doubling(req, best, size["replicas"], gw["queue_depth"], pool, fleet_tick),
-        launch=chosen.launch, gateway_config=gw)
-    return plan
+            source=best.source,
+            cooling=cooling_assumption(target_on.cooling,
+                                       None if held is None else held.clock_mhz)),
+        host_tier=chosen.host_tier, doubling=hour, held_clock=held, launch=chosen.launch,
+        gateway_config=gw)
 
 
 def parse_precisions(text: str) -> tuple[tuple[str, str], ...]:

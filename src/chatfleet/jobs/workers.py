@@ -45,6 +45,18 @@ class Task(Protocol[T_co]):
     def run(self, tick: Tick) -> T_co: ...
 
 
+class Feed(Protocol[T]):
+    """Tasks that depend on earlier results (a search): `next_task` gives one to run now, or
+    None while none can start until a result is in; `take` hands a result back; `finished`
+    says when nothing more will come."""
+
+    def next_task(self) -> Task[T] | None: ...
+
+    def take(self, task: Task[T], result: T) -> None: ...
+
+    def finished(self) -> bool: ...
+
+
 class WorkerError(RuntimeError):
     """A worker process died (killed, out of memory) or could not start: the job stopped."""
 
@@ -189,6 +201,54 @@ class WorkerPool:
                     raise self._died(w)
         self._broken = False
         return [results[i] for i in range(len(tasks))]
+
+    def feed(self, feed: Feed[T], tick: Tick | None = None) -> None:
+        """Run a feed's tasks until it is finished, each on the next free worker as soon as
+        the feed has it (with one worker, one after another here)."""
+        tick = tick or _no_tick
+        if not self.parallel:
+            while not feed.finished():
+                task = feed.next_task()
+                if task is None:
+                    raise RuntimeError("the feed has no task to run and is not finished")
+                feed.take(task, task.run(tick))
+            return
+        if self._broken or not self._procs:
+            raise WorkerError("the worker pool is stopped (an earlier batch failed)")
+        self._broken = True
+        busy: dict[int, Task[T]] = {}
+        sentinels = {p.sentinel: w for w, p in enumerate(self._procs)}
+        while True:
+            for w in range(len(self._procs)):
+                if w not in busy:
+                    task = feed.next_task()
+                    if task is None:
+                        break
+                    busy[w] = task
+                    self._conns[w].send(task)
+            if not busy:
+                if feed.finished():
+                    break
+                raise RuntimeError("the feed has no task to run and is not finished")
+            ready = wait([*self._conns, *sentinels])
+            for w, conn in enumerate(self._conns):
+                while conn in ready and conn.poll():
+                    try:
+                        msg = conn.recv()
+                    except (EOFError, OSError):
+                        raise self._died(w) from None
+                    if msg[0] == "tick":
+                        tick()
+                    elif msg[0] == "done":
+                        feed.take(busy.pop(w), msg[1])
+                    else:
+                        exc: BaseException = msg[1]
+                        exc.add_note(f"in worker process {self._procs[w].pid}:\n{msg[2]}")
+                        raise exc
+            for sentinel, w in sentinels.items():
+                if sentinel in ready and not self._conns[w].poll():
+                    raise self._died(w)
+        self._broken = False
 
     def _died(self, worker: int) -> WorkerError:
         proc = self._procs[worker]

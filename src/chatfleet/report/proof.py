@@ -16,7 +16,7 @@ A `chatfleet.live-proof/1` document (`chatfleet demo` writes DIR/live/proof.json
               "goodput_rps": 4.13, "peak_in_flight": {"replica-0": 24, "replica-1": 24}},
      "twin": {... the same keys, the twin's prediction of the same run ...},
      "peak_in_flight_source": "the replicas' own traces (trace.jsonl)",
-     "files": {"sweep": "sweep.json", "trace": "trace.jsonl"}}
+     "files": {"sweep": "sweep.json", "trace": "trace.jsonl", "records": "records.jsonl"}}
 
 Only `schema`, `replicas`, `cap_per_replica` and `live.peak_in_flight` are required; a missing
 figure is shown as a dash. Bad input is a `ReportInputError`.

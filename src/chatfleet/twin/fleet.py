@@ -16,6 +16,7 @@ sees the first byte of each stream.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from chatfleet.core.documents.sweep import FleetBlock, Load
 from chatfleet.core.engine.build import EngineSpec, build_engine
 from chatfleet.core.engine.protocol import EngineModel
 from chatfleet.core.engine.request import EngineRequest
+from chatfleet.core.engine.steplog import StepLog
 from chatfleet.core.errors import ChatfleetError
 from chatfleet.core.fleet.admission import Decision, FleetRequest
 from chatfleet.core.fleet.fleet import Fleet, FleetSettings, FleetTrace
@@ -34,6 +36,7 @@ from chatfleet.core.fleet.routing import SPILL_RULES, SpillRule
 from chatfleet.core.measure.point import summarize_point
 from chatfleet.core.records import RequestRecord
 from chatfleet.core.slo import SLO
+from chatfleet.core.traffic.replay import TraceLoop
 from chatfleet.core.workload import (
     ClosedLoop,
     OpenLoop,
@@ -133,7 +136,7 @@ class _FleetRun:
     scheds: list[EngineModel]
     names: list[str]
     loop: EventLoop
-    driver: ClosedLoop | OpenLoop
+    driver: ClosedLoop | OpenLoop | TraceLoop
     fleet: Fleet
     window_end: float
     horizon: float
@@ -159,18 +162,29 @@ class _FleetRun:
         self.attempts[rid] = att
         att.offered = now
         prev = self.last_prompt.get(spec.session_id)
+        driver = self.driver
         req = FleetRequest(rid, f"sid:{spec.session_id}", now, returning=spec.turn > 0,
                            prompt_tokens=prev[0] if prev else None,
-                           cached_tokens=prev[1] if prev else None)
+                           cached_tokens=prev[1] if prev else None,
+                           key=driver.key_of(spec) if isinstance(driver, TraceLoop) else None)
         return self.handle(self.fleet.offer(req, now), now)
 
     def open_arrival(self, spec: RequestSpec, now: float) -> Iterable[Event]:
-        assert isinstance(self.driver, OpenLoop)
+        driver = self.driver
+        assert not isinstance(driver, ClosedLoop)
         out = list(self.arrive(_Attempt(spec, 0), now))
-        nxt = self.driver.next_arrival(now)
-        if nxt.scheduled_time < self.window_end:
+        nxt = driver.next_arrival(now)
+        if nxt is not None and nxt.scheduled_time < self.window_end:
             out.append(self.loop.at(nxt.scheduled_time, self.open_arrival, nxt))
         return out
+
+    def add_record(self, rec: RequestRecord) -> None:
+        """A trace's driver counts its records as they come (a day of them is not kept)."""
+        driver = self.driver
+        if isinstance(driver, TraceLoop):
+            driver.record(rec)
+        else:
+            self.records.append(rec)
 
     def handle(self, decisions: list[Decision], now: float) -> list[Event]:
         out: list[Event] = []
@@ -228,12 +242,18 @@ class _FleetRun:
         rid = d.request.request_id
         self.attempts.pop(rid, None)
         spec = att.spec
-        self.records.append(RequestRecord(
+        self.add_record(RequestRecord(
             request_id=rid, session_id=spec.session_id, turn=spec.turn, replica=None,
             scheduled_time=d.request.arrival, send_time=d.request.arrival,
             prompt_tokens=spec.prompt_len, outcome="shed",
             error=f"429 ({d.reason}), retry-after {d.retry_after_s} s"))
-        if isinstance(self.driver, ClosedLoop) and att.attempt < MAX_RETRIES:
+        driver = self.driver
+        if isinstance(driver, TraceLoop):
+            nxt = driver.on_shed(spec, now)
+            if nxt is not None and nxt.scheduled_time < self.window_end:
+                return [self.loop.at(nxt.scheduled_time, self.arrive, _Attempt(nxt, 0))]
+            return []
+        if isinstance(driver, ClosedLoop) and att.attempt < MAX_RETRIES:
             retry_at = now + float(d.retry_after_s or 1)
             if retry_at < self.window_end:
                 return [self.loop.at(retry_at, self.arrive, _Attempt(spec, att.attempt + 1))]
@@ -265,7 +285,7 @@ class _FleetRun:
         for req in res.finished:
             att = self.attempts.pop(req.rid)
             spec = att.spec
-            self.records.append(self.record(att, req))
+            self.add_record(self.record(att, req))
             self.last_prompt[spec.session_id] = (req.prompt_len, req.num_cached_tokens)
             self.fleet.observe_usage(f"sid:{spec.session_id}", req.prompt_len,
                                      req.num_cached_tokens, now)
@@ -339,3 +359,52 @@ def run_fleet_point(
         flushed=True, engine=engine_block(scheds, warmup_s, window_end),
         gpu=gpu_block(spec, scheds, warmup_s, window_end), fleet=decided)
     return PointRun(point, run.records, scheds[0], loop.num_events)
+
+
+@dataclass(slots=True)
+class TraceFleetRun:
+    """A trace segment's replay: its engines (the first `keep_logs` with their step logs), the
+    fleet core, and the gateway queue's and each replica's peaks."""
+
+    scheds: list[EngineModel]
+    fleet: Fleet
+    max_queue: int
+    max_in_flight: list[int]
+    num_events: int
+
+
+def run_fleet_trace(spec: EngineSpec, fleet: FleetConfig, driver: TraceLoop, *,
+                    shared_prefix_tokens: int, until: float, keep_logs: int = 2,
+                    log_every_s: float = 300.0,
+                    replica_names: list[str] | None = None) -> TraceFleetRun:
+    """Replay a trace segment (`driver`) through `fleet.replicas` engines behind the gateway's
+    admission and routing, until virtual time `until` (the segment's last line plus the
+    drain), its replicas named `replica_names` (rendezvous hashes the names: a group of a
+    fleet keeps its replicas' names). The driver counts every record as it comes; nothing is
+    kept per request. A day's step logs would not fit in memory: every `log_every_s` the
+    logs of all replicas but the first `keep_logs` are dropped (the engines never read them;
+    the first ones stand for the fleet's card, clocks and power, as the doubling's slice
+    does)."""
+    scheds = [build_engine(spec) for _ in range(fleet.replicas)]
+    names = replica_names or [f"twin-{i}" for i in range(fleet.replicas)]
+    core = Fleet({n: fleet.cap for n in names}, fleet.settings(shared_prefix_tokens),
+                 scheds[0].step_model)
+    loop = EventLoop()
+    run = _FleetRun(scheds, names, loop, driver, core, math.inf, until,
+                    [0] * fleet.replicas, max_in_flight=[0] * fleet.replicas, hop_s=fleet.hop_s)
+    first = driver.next_arrival(0.0)
+    if first is not None:
+        loop.push([loop.at(first.scheduled_time, run.open_arrival, first)])
+
+    def drop_logs(_: object, now: float) -> list[Event]:
+        for sched in scheds[keep_logs:]:
+            sched.log = StepLog()
+        return [loop.at(now + log_every_s, drop_logs)] if now + log_every_s <= until else []
+
+    if fleet.replicas > keep_logs:
+        loop.push([loop.at(log_every_s, drop_logs)])
+    loop.run(until=until)
+    for att in list(run.attempts.values()):
+        if att.req is not None:
+            run.add_record(run.record(att, att.req, "timeout"))
+    return TraceFleetRun(scheds, core, run.max_queue, run.max_in_flight, loop.num_events)

@@ -47,18 +47,22 @@ from chatfleet.core.documents.fields import (
     text,
     with_extra,
 )
+from chatfleet.core.documents.held_clock import CoolingAssumption, HeldClockFleet
 from chatfleet.core.documents.sweep import Knee, Load, SweepDoc, load_from_json
+from chatfleet.core.documents.trace_plan import TraceAnswer
 from chatfleet.core.slo import SLO
 
 __all__ = [  # the plan's types, wherever they live
     "PLAN_SCHEMA",
     "AccuracyVerdict",
     "Cooling",
+    "CoolingAssumption",
     "CoolingProfile",
     "CountEdges",
     "Doubling",
     "DoublingRun",
     "FigureSource",
+    "HeldClockFleet",
     "HostTier",
     "KneeEdges",
     "Launch",
@@ -68,6 +72,7 @@ __all__ = [  # the plan's types, wherever they live
     "PrecisionFigures",
     "Recommendation",
     "SweepRef",
+    "TraceAnswer",
     "Uncertainty",
 ]
 
@@ -268,15 +273,18 @@ class Recommendation:
     headroom: float
     why: str
     source: FigureSource
+    cooling: CoolingAssumption | None = None  # the cooling the fleet assumes (a twin plan's)
     extra: Extra = field(default_factory=no_extra)
 
     _KEYS: ClassVar[tuple[str, ...]] = (
         "precision", "weights", "kv_cache", "users_per_card", "gateway_cap", "engine_guard",
-        "goodput_rps", "replicas", "cards", "headroom", "why", "source")
+        "goodput_rps", "replicas", "cards", "headroom", "why", "source", "cooling")
 
     def to_json(self) -> JsonObject:
-        out = {k: getattr(self, k) for k in self._KEYS[:-1]}
+        out = {k: getattr(self, k) for k in self._KEYS[:-2]}
         out["source"] = self.source.to_json()
+        if self.cooling is not None:
+            out["cooling"] = self.cooling.to_json()
         return with_extra(out, self.extra)
 
     @classmethod
@@ -292,6 +300,8 @@ class Recommendation:
                    headroom=num(d, "headroom", where), why=text(d, "why", where),
                    source=FigureSource.from_json(d.get("source") or {"sweep": ""},
                                                  f"{where}: source"),
+                   cooling=(None if d.get("cooling") is None
+                            else CoolingAssumption.from_json(d["cooling"], f"{where}: cooling")),
                    extra=rest(d, cls._KEYS))
 
 
@@ -463,6 +473,8 @@ class Plan:
     gateway_config: Mapping[str, Any] | None = None  # the gateway's config file, as written
     # where the twin's constants come from (core/provenance.py): fitted, borrowed, assumed
     calibration: Mapping[str, Any] | None = None
+    held_clock: HeldClockFleet | None = None  # the fleet at the clock a throttled card holds
+    trace: TraceAnswer | None = None  # `plan --trace`: the trace and its replays
     schema: str = PLAN_SCHEMA
     slo_extra: Extra = field(default_factory=no_extra)
     extra: Extra = field(default_factory=no_extra)
@@ -470,7 +482,7 @@ class Plan:
     _KEYS: ClassVar[tuple[str, ...]] = (
         "schema", "chatfleet_version", "engine_model", "target_users", "slo",
         "session_profile", "recommendation", "why_none", "calibration", "host_tier",
-        "doubling", "launch", "gateway_config", "by_precision", "sweeps")
+        "doubling", "held_clock", "trace", "launch", "gateway_config", "by_precision", "sweeps")
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {
@@ -491,6 +503,10 @@ class Plan:
             out["host_tier"] = self.host_tier.to_json()
         if self.doubling is not None:
             out["doubling"] = self.doubling.to_json()
+        if self.held_clock is not None:
+            out["held_clock"] = self.held_clock.to_json()
+        if self.trace is not None:
+            out["trace"] = self.trace.to_json()
         if self.launch is not None:
             out["launch"] = {k: v.to_json() for k, v in self.launch.items()}
         if self.gateway_config is not None:
@@ -515,6 +531,7 @@ class Plan:
             raise DocumentError(f"{where}: bad 'slo' block: {exc}") from exc
         rec, tier, doubling = d.get("recommendation"), d.get("host_tier"), d.get("doubling")
         launch, gateway, cal = d.get("launch"), d.get("gateway_config"), d.get("calibration")
+        held, trace = d.get("held_clock"), d.get("trace")
         return cls(
             pool=PoolFigures(pool),
             chatfleet_version=text(d, "chatfleet_version", where),
@@ -538,6 +555,9 @@ class Plan:
             gateway_config=None if gateway is None
             else dict(obj(gateway, f"{where}: gateway_config")),
             calibration=None if cal is None else dict(obj(cal, f"{where}: calibration")),
+            held_clock=None if held is None else HeldClockFleet.from_json(
+                held, f"{where}: held_clock"),
+            trace=None if trace is None else TraceAnswer(dict(obj(trace, f"{where}: trace"))),
             slo_extra=rest(slo_data, ("ttft_ms", "tpot_ms", "itl_stat", "attainment")),
             extra=rest(d, (*pool, *cls._KEYS)),
         )
