@@ -11,6 +11,7 @@ from chatfleet.core.engine.base_scheduler import BaseScheduler
 from chatfleet.core.engine.protocol import EngineControls, EngineReadings
 from chatfleet.core.engine.request import EngineRequest
 from chatfleet.core.engine.scheduler import Scheduler
+from chatfleet.core.engine.step import Step
 from chatfleet.core.engine.vllm_scheduler import VLLMScheduler
 
 # what an engine decides (base_scheduler.py's docstring), and what it holds and reports
@@ -69,3 +70,17 @@ def test_a_request_id_that_is_running_is_refused(engine: BaseScheduler) -> None:
     with pytest.raises(ValueError, match="already running"):
         engine.add_request(again, now)
     assert again.state == "waiting" and isinstance(again.prompt, list)
+
+
+@pytest.mark.parametrize("engine", engines(), ids=["sglang", "vllm"])
+def test_a_truncated_decode_run_ends_at_its_last_steps_end_to_the_bit(
+        engine: BaseScheduler) -> None:
+    # the times hypothesis found through vLLM's decode runs: start + (end - start) is one unit
+    # in the last place past the end, so a run whose end was start + duration ended a hair
+    # after what single steps give
+    start, cut, later = 0.05106961706739257, 0.12106969285405923, 0.19
+    assert start + (cut - start) != cut
+    engine.in_flight = Step("decode", start, later - start, num_decode=1,
+                            decode_ends=[0.09, cut, later])
+    assert engine.truncate_decode_run(0.1) == cut
+    assert engine.in_flight.end == cut and engine.in_flight.decode_ends == [0.09, cut]

@@ -141,6 +141,7 @@ class BaseScheduler:
             return None
         del ends[keep:]
         step.duration = ends[-1] - step.start
+        step.end = ends[-1]  # to the bit, as single steps end (start + duration may miss it)
         return ends[-1]
 
     def advance_idle(self, now: float) -> None:
@@ -246,3 +247,4 @@ class BaseScheduler:
     def token_times(self, req: EngineRequest) -> array[float]:
         """Every output token's emission time (first included), from the token clock."""
         return req.token_times(self.step_end_times, self.num_steps)
+

@@ -18,8 +18,8 @@ class Step:
     Step and StepResult are plain classes, not dataclasses (one of each per engine step):
     chatfleet/_native.py says why."""
 
-    __slots__ = ("batch", "decode_ends", "duration", "kind", "num_cached_tokens", "num_decode",
-                 "num_prefill_tokens", "num_waiting", "start")
+    __slots__ = ("batch", "decode_ends", "duration", "end", "kind", "num_cached_tokens",
+                 "num_decode", "num_prefill_tokens", "num_waiting", "start")
 
     def __init__(self, kind: StepKind, start: float, duration: float, *,
                  batch: list[tuple[EngineRequest, int]] | None = None, num_decode: int = 0,
@@ -28,6 +28,9 @@ class Step:
         self.kind = kind
         self.start = start
         self.duration = duration
+        # stored, not start + duration: a truncated decode run ends at its last step's end to
+        # the bit, which start + (end - start) may miss by one unit in the last place
+        self.end = start + duration
         self.batch = [] if batch is None else batch  # prefill: (req, extend)
         self.num_decode = num_decode
         self.num_prefill_tokens = num_prefill_tokens
@@ -35,10 +38,6 @@ class Step:
         self.num_waiting = num_waiting  # queue at scheduling time: what could not be admitted
         # end times of consecutive decode steps run as one (see the schedulers' `schedule`)
         self.decode_ends = [] if decode_ends is None else decode_ends
-
-    @property
-    def end(self) -> float:
-        return self.start + self.duration
 
     def __repr__(self) -> str:
         return (f"Step({self.kind!r}, start={self.start}, duration={self.duration}, "
