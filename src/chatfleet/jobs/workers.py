@@ -176,29 +176,14 @@ class WorkerPool:
                 busy[worker] = order.popleft()
                 self._conns[worker].send(tasks[busy[worker]])
 
+        def done(worker: int, result: Any) -> None:
+            results[busy.pop(worker)] = result
+            hand_out(worker)
+
         for w in range(len(self._procs)):
             hand_out(w)
-        sentinels = {p.sentinel: w for w, p in enumerate(self._procs)}
         while len(results) < len(tasks):
-            ready = wait([*self._conns, *sentinels])
-            for w, conn in enumerate(self._conns):
-                while conn in ready and conn.poll():
-                    try:
-                        msg = conn.recv()
-                    except (EOFError, OSError):  # the worker's end closed: it is gone
-                        raise self._died(w) from None
-                    if msg[0] == "tick":
-                        tick()
-                    elif msg[0] == "done":
-                        results[busy.pop(w)] = msg[1]
-                        hand_out(w)
-                    else:
-                        exc: BaseException = msg[1]
-                        exc.add_note(f"in worker process {self._procs[w].pid}:\n{msg[2]}")
-                        raise exc
-            for sentinel, w in sentinels.items():
-                if sentinel in ready and not self._conns[w].poll():
-                    raise self._died(w)
+            self._receive(tick, done)
         self._broken = False
         return [results[i] for i in range(len(tasks))]
 
@@ -217,7 +202,10 @@ class WorkerPool:
             raise WorkerError("the worker pool is stopped (an earlier batch failed)")
         self._broken = True
         busy: dict[int, Task[T]] = {}
-        sentinels = {p.sentinel: w for w, p in enumerate(self._procs)}
+
+        def done(worker: int, result: Any) -> None:
+            feed.take(busy.pop(worker), result)
+
         while True:
             for w in range(len(self._procs)):
                 if w not in busy:
@@ -230,25 +218,32 @@ class WorkerPool:
                 if feed.finished():
                     break
                 raise RuntimeError("the feed has no task to run and is not finished")
-            ready = wait([*self._conns, *sentinels])
-            for w, conn in enumerate(self._conns):
-                while conn in ready and conn.poll():
-                    try:
-                        msg = conn.recv()
-                    except (EOFError, OSError):
-                        raise self._died(w) from None
-                    if msg[0] == "tick":
-                        tick()
-                    elif msg[0] == "done":
-                        feed.take(busy.pop(w), msg[1])
-                    else:
-                        exc: BaseException = msg[1]
-                        exc.add_note(f"in worker process {self._procs[w].pid}:\n{msg[2]}")
-                        raise exc
-            for sentinel, w in sentinels.items():
-                if sentinel in ready and not self._conns[w].poll():
-                    raise self._died(w)
+            self._receive(tick, done)
         self._broken = False
+
+    def _receive(self, tick: Tick, done: Callable[[int, Any], None]) -> None:
+        """Wait for the workers, then take what they sent: ticks (`tick`), finished tasks
+        (`done(worker, result)`) and raised exceptions (raised here, with the worker's
+        traceback as a note); a worker that is gone raises WorkerError."""
+        sentinels = {p.sentinel: w for w, p in enumerate(self._procs)}
+        ready = wait([*self._conns, *sentinels])
+        for w, conn in enumerate(self._conns):
+            while conn in ready and conn.poll():
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):  # the worker's end closed: it is gone
+                    raise self._died(w) from None
+                if msg[0] == "tick":
+                    tick()
+                elif msg[0] == "done":
+                    done(w, msg[1])
+                else:
+                    exc: BaseException = msg[1]
+                    exc.add_note(f"in worker process {self._procs[w].pid}:\n{msg[2]}")
+                    raise exc
+        for sentinel, w in sentinels.items():
+            if sentinel in ready and not self._conns[w].poll():
+                raise self._died(w)
 
     def _died(self, worker: int) -> WorkerError:
         proc = self._procs[worker]
