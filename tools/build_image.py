@@ -44,7 +44,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -232,13 +232,23 @@ def write_layer(src: Path, at: str, out: Path, epoch: int) -> None:
             for name in sorted(dirnames + filenames):
                 yield Path(dirpath) / name, "/".join(parts + (rel / name).parts)
 
+    write_tar(entries(), out, epoch)
+
+
+def write_tar(entries: Iterable[tuple[Path, str]], out: Path, epoch: int,
+              fixed_modes: bool = False) -> None:
+    """A tar of (path, name) entries in the order given, owned by root, timestamps at
+    `epoch` (modes 755 for folders and 644 for files with `fixed_modes`), so that the same
+    files give the same bytes; written beside `out` and moved there whole."""
     tmp = out.with_suffix(".part")
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for path, name in entries():
+        for path, name in entries:
             info = tar.gettarinfo(str(path), arcname=name)
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             info.mtime = epoch
+            if fixed_modes:
+                info.mode = 0o755 if info.isdir() else 0o644
             if info.isreg():
                 with path.open("rb") as f:
                     tar.addfile(info, f)
@@ -296,20 +306,8 @@ def assemble(layers: Sequence[tuple[Path, str]], ref: str, rev: image.Revision, 
 
 
 def write_archive(layout: Path, out: Path, epoch: int) -> None:
-    tmp = out.with_suffix(".part")
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(layout.rglob("*")):
-            info = tar.gettarinfo(str(path), arcname=str(path.relative_to(layout)))
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = epoch
-            info.mode = 0o755 if info.isdir() else 0o644
-            if info.isreg():
-                with path.open("rb") as f:
-                    tar.addfile(info, f)
-            else:
-                tar.addfile(info)
-    tmp.replace(out)
+    write_tar(((path, str(path.relative_to(layout))) for path in sorted(layout.rglob("*"))),
+              out, epoch, fixed_modes=True)
 
 
 def describe(layout: Path) -> dict[str, Any]:
